@@ -1,0 +1,47 @@
+# vfm: `make help` lists the targets. `make test` and `make smoke` each set up .venv when needed.
+
+PYTHON ?= python3
+VENV ?= .venv
+# The torch requirement installed before everything else. The default is the CPU build on these
+# machines; a GPU user overrides it, e.g. make setup TORCH='torch==2.13.0 --index-url <cuda index>'.
+TORCH ?= torch==2.13.0
+SMOKE_DIR ?= smoke
+PYTEST_ARGS ?=
+
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.vfm-setup
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test smoke lint bench clean
+
+help: ## List the targets
+	@echo "vfm targets:"
+	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-8s %s\n", $$1, $$2}'
+
+setup: $(SETUP_STAMP) ## Create .venv: torch ($(TORCH)) first, then vfm and its dev extras
+
+$(SETUP_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	@# torch is named again so that resolving the rest can never swap it for another build
+	$(PY) -m pip install --quiet -e '.[dev]' $(TORCH)
+	touch $@
+
+test: setup ## Run the test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+smoke: setup ## Run every stage that exists end to end on tiny videos
+	$(PY) -m curator.synth $(SMOKE_DIR)/media --num-shape-videos 8
+	@echo "smoke outputs:"
+	@echo "  test media and ground truth: $(SMOKE_DIR)/media (ground_truth.json)"
+
+lint: setup ## Check style with ruff
+	$(VENV)/bin/ruff check .
+
+bench: setup ## Run every benchmark in bench/ and write bench/RESULTS.md
+	$(PY) bench/run_all.py
+
+clean: ## Remove .venv, smoke outputs and caches
+	rm -rf $(VENV) $(SMOKE_DIR) .pytest_cache .ruff_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

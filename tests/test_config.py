@@ -1,0 +1,73 @@
+"""Every stage's config composes with every option of every group it uses."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import conf
+from conf import schema
+
+
+def _stage_groups(stage: str) -> list[str]:
+    """The groups named in a stage's defaults list."""
+    defaults = OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml")["defaults"]
+    return [next(iter(d)) for d in defaults if not isinstance(d, str)]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (schema.CONF_DIR / group).glob("*.yaml"))
+
+
+CASES = [(stage, group, option) for stage in schema.STAGES
+         for group in _stage_groups(stage) for option in _options(group)]
+
+
+def test_every_group_has_a_schema_and_options():
+    used = {g for s in schema.STAGES for g in _stage_groups(s)}
+    assert used == set(schema.GROUP_SCHEMAS) | set(schema.OPTION_SCHEMAS)
+    for group, options in schema.OPTION_SCHEMAS.items():
+        assert set(_options(group)) == set(options), group
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize(("stage", "group", "option"), CASES)
+def test_stage_composes_with_option(stage, group, option):
+    cfg = conf.compose(stage, [f"{group}={option}"])
+    node = OmegaConf.to_container(cfg[group], resolve=True, throw_on_missing=False)
+    option_schemas = schema.OPTION_SCHEMAS.get(group)
+    if option_schemas:
+        assert node["name"] == option
+        assert OmegaConf.get_type(cfg[group]) is option_schemas[option]
+    else:
+        assert OmegaConf.get_type(cfg[group]) is schema.GROUP_SCHEMAS[group]
+
+
+def test_parallel_degrees_and_model_shapes_are_consistent():
+    for option in _options("parallel"):
+        p = conf.compose("train", [f"parallel={option}"]).parallel
+        assert p.cp_kind in {"ulysses", "ring", "hybrid"}
+        assert min(p.dp_replicate, p.dp_shard, p.cp, p.tp) >= 1
+    for option in _options("model"):
+        m = conf.compose("train", [f"model={option}"]).model
+        assert m.flavor == option
+        assert m.hidden_size % m.num_heads == 0
+
+
+def test_required_paths_are_missing_not_guessed():
+    cfg = conf.compose("curate")
+    assert OmegaConf.is_missing(cfg, "input") and OmegaConf.is_missing(cfg, "output")
+    cfg = conf.compose("curate", ["input=videos/", "output=out/", "clips.max_s=4"])
+    assert cfg.input == "videos/" and cfg.clips.max_s == 4.0
+
+
+def test_bad_overrides_fail_with_messages_that_name_the_problem():
+    with pytest.raises(ConfigCompositionException, match="detector"):
+        conf.compose("curate", ["detector=no_such_detector"])
+    with pytest.raises(ConfigCompositionException, match="clips.max_s"):
+        conf.compose("curate", ["clips.max_s=ten"])
+    with pytest.raises(ConfigCompositionException, match="no_such_key"):
+        conf.compose("curate", ["no_such_key=1"])
+    with pytest.raises(ValueError, match="unknown stage"):
+        conf.compose("cook")
