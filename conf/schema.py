@@ -106,8 +106,8 @@ class TranscodeConfig:
 
 @dataclass
 class FilterConfig:
-    min_motion: float = 0.5  # mean abs frame difference (0..255) below which a clip is static
-    max_motion: float = 60.0  # above this a clip is too shaky
+    min_motion_area: float = 0.002  # fraction of pixels changing per frame below which a clip is static
+    max_motion: float = 60.0  # mean abs frame difference (0..255) above which a clip is too shaky
     min_brightness: float = 16.0  # mean luma (0..255) below which a clip is black
     max_brightness: float = 245.0
     min_short_side: int = 64
@@ -139,7 +139,8 @@ class CurateConfig:
     filters: FilterConfig = field(default_factory=FilterConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     writer: WriterConfig = field(default_factory=WriterConfig)
-    seed: int = 0
+    num_workers: int | None = None  # concurrent sources; None: one per CPU of the Ray cluster
+    source_timeout_s: float = 1800.0  # a source that takes longer gets an error record
 
 
 # --- training and inference groups ------------------------------------------------------------

@@ -1,0 +1,26 @@
+"""`vfm-curate input=<videos> output=<dir> [key=value ...]`: see curator/pipeline.py."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import conf.schema  # noqa: F401  (registers the structured configs)
+from curator.pipeline import main_from_config
+
+
+@hydra.main(config_path="pkg://conf", config_name="curate", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    code = main_from_config(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Reading sources with PyAV: probe without decoding, and one decoding pass that hands out each frame
+at the two sizes curation needs (a small analysis frame, and the transcode frame).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import av
+import numpy as np
+
+
+class MediaError(Exception):
+    """The source cannot be curated; the message says why, for its manifest record."""
+
+
+@dataclass
+class Probe:
+    fps: float  # average frame rate over the stream
+    num_frames: int  # as the container states it; 0 when it does not say
+    width: int  # as displayed, after rotation
+    height: int
+    duration_s: float
+    rotation: int  # degrees counter-clockwise to turn decoded frames upright
+    codec: str
+    vfr: bool  # variable frame rate: the average rate differs from the nominal one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rate(value) -> float:
+    return float(value) if value else 0.0
+
+
+def probe(path: str) -> Probe:
+    """Stream facts from the container header and the first decoded frame."""
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise MediaError("no video stream (audio only or not a video)")
+            stream = container.streams.video[0]
+            ctx = stream.codec_context
+            first = next(container.decode(stream), None)
+            if first is None:
+                raise MediaError("no decodable video frame")
+            rotation = int(getattr(first, "rotation", 0) or 0) % 360
+            avg, nominal = _rate(stream.average_rate), _rate(stream.base_rate or stream.guessed_rate)
+            fps = avg or nominal
+            if not fps or not math.isfinite(fps):
+                raise MediaError("the stream states no frame rate")
+            duration = float(stream.duration * stream.time_base) if stream.duration else 0.0
+            if not duration and container.duration:
+                duration = container.duration / av.time_base
+            width, height = first.width, first.height
+            if rotation in (90, 270):
+                width, height = height, width
+            return Probe(
+                fps=fps,
+                num_frames=int(stream.frames or 0),
+                width=width,
+                height=height,
+                duration_s=duration,
+                rotation=rotation,
+                codec=ctx.name,
+                vfr=bool(avg and nominal and abs(avg - nominal) / nominal > 0.01),
+            )
+    except MediaError:
+        raise
+    except (av.FFmpegError, OSError, StopIteration, ValueError) as e:
+        raise MediaError(f"cannot read video: {e}") from e
+
+
+def even_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) scaled so the short side is `short_side` (never upscaled), both even."""
+    scale = min(1.0, short_side / min(width, height))
+    return max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2)
+
+
+def analysis_size(width: int, height: int, analysis_width: int) -> tuple[int, int]:
+    w = min(analysis_width, width)
+    return w, max(2, round(height * w / width))
+
+
+@dataclass
+class DecodedFrame:
+    index: int  # in decode (presentation) order, from 0
+    small: np.ndarray  # (h, w, 3) uint8 RGB analysis frame
+    frame: av.VideoFrame | None  # yuv420p at the transcode size; None when not asked for
+
+
+def _upright(frame: av.VideoFrame, rotation: int, fmt: str) -> av.VideoFrame:
+    """Turn a frame by the container's display rotation (counter-clockwise degrees)."""
+    if not rotation:
+        return frame
+    arr = np.rot90(frame.to_ndarray(format="rgb24"), k=rotation // 90)
+    return av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24").reformat(format=fmt)
+
+
+def decode(path: str, probe_: Probe, small_size: tuple[int, int],
+           out_size: tuple[int, int] | None) -> Iterator[DecodedFrame]:
+    """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
+    transcode frame. Sizes are (width, height) after rotation."""
+    rot = probe_.rotation
+    swap = rot in (90, 270)
+
+    def pre(size):  # a size before rotation
+        return (size[1], size[0]) if swap else size
+
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        index = 0
+        try:
+            for frame in container.decode(stream):
+                sw, sh = pre(small_size)
+                small = _upright(frame.reformat(width=sw, height=sh, format="rgb24"), rot, "rgb24")
+                out = None
+                if out_size is not None:
+                    ow, oh = pre(out_size)
+                    out = _upright(frame.reformat(width=ow, height=oh, format="yuv420p"), rot, "yuv420p")
+                yield DecodedFrame(index, small.to_ndarray(), out)
+                index += 1
+        except av.FFmpegError as e:
+            if index == 0:
+                raise MediaError(f"cannot decode video: {e}") from e
+            # A stream that breaks part-way keeps the frames before the damage; the record says so.
+            raise TruncatedStream(index, str(e)) from e
+
+
+class TruncatedStream(MediaError):
+    def __init__(self, num_frames: int, message: str):
+        super().__init__(f"decoding stopped after frame {num_frames}: {message}")
+        self.num_frames = num_frames
+
+
+def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str = "veryfast") -> bytes:
+    """H.264 yuv420p mp4 at a constant rate, in memory."""
+    import io
+
+    buf = io.BytesIO()
+    rate = Fraction(fps).limit_denominator(1001)
+    with av.open(buf, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
+        stream.options = {"crf": str(crf), "preset": preset}
+        for i, frame in enumerate(frames):
+            frame.pts = i
+            frame.time_base = 1 / rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()

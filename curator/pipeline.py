@@ -1,0 +1,264 @@
+"""`vfm-curate`: a Ray Data pipeline from raw videos to webdataset shards.
+
+    inputs ─► SourceWorker (actor pool; each source in an isolated child process:
+              probe → detect → window → measure → filter → transcode, one decoding pass)
+           ─► caption (tasks) ─► driver: dedup → shards + manifest.jsonl, then summary.json
+
+On a laptop `ray.init()` starts a local instance; with `ray.address=auto` the same chain runs on a
+cluster. Results come back in input order, so keys, dedup decisions and shards are deterministic.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing as mp
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from curator.stages import caption, detect
+from curator.stages.discover import content_hash, discover, source_id
+from curator.stages.split import process_source
+from curator.writer import OutputDir, read_jsonl
+
+CURATOR_VERSION = "0.1.0"
+# Config fields that do not change what is written, left out of the config hash.
+_RUN_ONLY = ("input", "output", "ray", "num_workers", "source_timeout_s")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _RUN_ONLY}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every bad argument fails here, with a message naming the key, before any work starts."""
+    c = cfg.clips
+    if c.min_s <= 0 or c.max_s < c.min_s:
+        raise ValueError(f"clips.min_s={c.min_s}, clips.max_s={c.max_s}: need 0 < min_s <= max_s")
+    if c.trim_frames < 0:
+        raise ValueError(f"clips.trim_frames={c.trim_frames}: must be >= 0")
+    t = cfg.transcode
+    if t.short_side < 16 or t.short_side % 2:
+        raise ValueError(f"transcode.short_side={t.short_side}: must be even and >= 16")
+    if not 0 <= t.crf <= 51:
+        raise ValueError(f"transcode.crf={t.crf}: x264 takes 0..51")
+    if t.fps is not None and t.fps <= 0:
+        raise ValueError(f"transcode.fps={t.fps}: must be > 0, or null to keep each source's rate")
+    if cfg.source_timeout_s <= 0:
+        raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
+    detect.build_detector(cfg.detector, fps=30.0)
+    caption.build_captioner(cfg.captioner)
+    if Path(cfg.output).exists() and not Path(cfg.output).is_dir():
+        raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
+
+
+def _work(path: str, cfg_dict: dict) -> tuple[dict, list[dict], list[bytes]]:
+    """One source, in the worker's child process."""
+    cfg = OmegaConf.create(cfg_dict)
+    try:
+        sha = content_hash(path)
+    except OSError as e:
+        return {"source": path, "status": "error", "error": f"cannot read file: {e}", "shots": [], "clips": []}, [], []
+    sid = source_id(path, sha)
+    record, clips = process_source(path, sid, cfg)
+    record["sha256"] = sha
+    metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height}
+             for c in clips]
+    return record, metas, [c.mp4 for c in clips if c.kept]
+
+
+def _kill(pool: cf.ProcessPoolExecutor) -> None:
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+class SourceWorker:
+    """Ray Data actor. Each source runs in a child process, so a decoder that crashes or hangs on a
+    corrupt stream costs that source an error record, not the run."""
+
+    def __init__(self, cfg_dict: dict, timeout_s: float):
+        self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
+        self.pool: cf.ProcessPoolExecutor | None = None
+
+    def __call__(self, row: dict) -> dict:
+        path = row["path"]
+        if self.pool is None:
+            self.pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+        try:
+            record, metas, mp4s = self.pool.submit(_work, path, self.cfg_dict).result(timeout=self.timeout_s)
+        except cf.process.BrokenProcessPool:
+            self.pool = None
+            record, metas, mp4s = _error(path, "the decoder crashed on this file (its process died)"), [], []
+        except cf.TimeoutError:
+            _kill(self.pool)
+            self.pool = None
+            record, metas, mp4s = _error(path, f"timed out after source_timeout_s={self.timeout_s}s"), [], []
+        record["clips"] = metas
+        return {"path": path, "record": json.dumps(record), "mp4": mp4s}
+
+
+def _error(path: str, message: str) -> dict:
+    return {"source": path, "status": "error", "error": message, "shots": [], "clips": []}
+
+
+class Captioner:
+    """Adds a caption and its source to every kept clip of a row."""
+
+    def __init__(self, cfg_dict: dict):
+        self.captioner = caption.build_captioner(OmegaConf.create(cfg_dict))
+
+    def __call__(self, row: dict) -> dict:
+        record = json.loads(row["record"])
+        for clip in record["clips"]:
+            if clip["kept"]:
+                clip["caption"], clip["caption_source"] = self.captioner(record["source"], clip["scores"])
+        row["record"] = json.dumps(record)
+        return row
+
+
+def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
+    fps = record["out_fps"]
+    return {
+        "key": clip["key"], "source": record["source"], "source_sha256": record["sha256"],
+        "source_id": record["source_id"], "start_frame": clip["start_frame"], "end_frame": clip["end_frame"],
+        "start_s": round(clip["start_frame"] / record["fps"], 4), "end_s": round(clip["end_frame"] / record["fps"], 4),
+        "fps": fps, "num_frames": clip["end_frame"] - clip["start_frame"], "width": clip["width"],
+        "height": clip["height"], "shot_index": clip["shot_index"], "scores": clip["scores"],
+        "caption": clip["caption"], "caption_source": clip["caption_source"],
+        "curator_version": CURATOR_VERSION, "config_hash": cfg_hash,
+    }
+
+
+def _manifest_record(record: dict) -> dict:
+    out = {k: v for k, v in record.items() if k != "clips"}
+    out["clips"] = [{k: c[k] for k in ("key", "start_frame", "end_frame", "kept", "reason")} for c in record["clips"]]
+    return out
+
+
+def summarize(out: OutputDir, cfg: DictConfig, wall_s: float) -> dict:
+    records = read_jsonl(out.manifest_path)
+    ok = [r for r in records if r["status"] == "ok"]
+    clips = [c for r in ok for c in r["clips"]]
+    kept_s = sum((c["end_frame"] - c["start_frame"]) / r["fps"] for r in ok for c in r["clips"] if c["kept"])
+    stage_s = Counter()
+    for r in records:
+        stage_s.update(r.get("timings", {}))
+    frames = sum(r.get("num_frames", 0) for r in ok)
+    return {
+        "inputs": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "error_messages": dict(Counter(r["error"] for r in records if r["status"] != "ok")),
+        "clips": len(clips),
+        "kept": sum(c["kept"] for c in clips),
+        "dropped": sum(not c["kept"] for c in clips),
+        "drop_reasons": dict(Counter(c["reason"].split(":")[0] for c in clips if not c["kept"])),
+        "hours_in": round(sum(r.get("duration_s", 0) for r in ok) / 3600, 6),
+        "hours_out": round(kept_s / 3600, 6),
+        "frames_in": frames,
+        "stage_seconds": {k: round(v, 3) for k, v in sorted(stage_s.items())},
+        "last_run_wall_s": round(wall_s, 3),
+        "last_run_frames_per_s": round(frames / wall_s, 1) if wall_s else None,
+        "shards": out.shard_counts(),
+        "curator_version": CURATOR_VERSION,
+        "config_hash": config_hash(cfg),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def _init_ray(cfg: DictConfig):
+    import ray
+
+    if not ray.is_initialized():
+        kwargs = {"include_dashboard": False, "log_to_driver": False}
+        if cfg.ray.address:
+            ray.init(address=cfg.ray.address, **kwargs)
+        else:
+            ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+    return ray
+
+
+def curate(cfg: DictConfig, log=print) -> dict | None:
+    """Run the pipeline; returns the summary, or None when every input already has a record."""
+    t_start = time.perf_counter()
+    validate(cfg)
+    sources = discover(cfg.input)
+    out = OutputDir(cfg.output, cfg.writer.samples_per_shard, cfg.dedup.max_hamming if cfg.dedup.enabled else None)
+    todo = [s for s in sources if s not in out.done_sources]
+    if not todo:
+        log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
+        return None
+    log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
+
+    ray = _init_ray(cfg)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
+    num_workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
+    ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s},
+                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=min(num_workers, len(todo))), num_cpus=1)
+    ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
+                compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0)
+
+    cfg_hash = config_hash(cfg)
+    t_write = 0.0
+    for n, row in enumerate(ds.iter_rows(), 1):
+        record = json.loads(row["record"])
+        t0 = time.perf_counter()
+        written = _write(out, record, list(row["mp4"]), cfg_hash)
+        t_write += time.perf_counter() - t0
+        record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
+        out.add_record(_manifest_record(record), written)
+        kept = sum(c["kept"] for c in record["clips"])
+        status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
+            if record["status"] == "ok" else f"error: {record['error']}"
+        log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
+    out.close()
+    summary = summarize(out, cfg, time.perf_counter() - t_start)
+    tmp = out.root / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out.root / "summary.json")
+    log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
+        f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
+    return summary
+
+
+def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> set[str]:
+    """Dedup and write the kept clips of one source; returns the keys it has in shards."""
+    written = set()
+    kept = iter(mp4s)
+    for clip in record["clips"]:
+        if not clip["kept"]:
+            continue
+        mp4 = next(kept)
+        key = clip["key"]
+        if key in out.written_keys:  # in a complete shard from an earlier, interrupted run
+            written.add(key)
+            continue
+        hashes, colours = clip["scores"]["phash"], clip["scores"]["colour_grid"]
+        dup = out.dedup.find(hashes, colours) if out.dedup is not None else None
+        if dup is not None:
+            clip["kept"], clip["reason"] = False, f"duplicate: of {dup}"
+            continue
+        meta = _sample_meta(record, clip, cfg_hash)
+        out.add_sample(key, {"mp4": mp4, "txt": clip["caption"].encode(), "json": json.dumps(meta).encode()}, hashes, colours)
+        written.add(key)
+    return written
+
+
+def main_from_config(cfg: DictConfig) -> int:
+    try:
+        curate(cfg)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        print(f"vfm-curate: {e}", file=sys.stderr)
+        return 2
+    return 0
+

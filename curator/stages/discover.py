@@ -1,0 +1,52 @@
+"""Inputs: a directory (searched recursively), a glob, a single video, or a list file of paths."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import re
+from pathlib import Path
+
+VIDEO_EXTENSIONS = {".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts", ".flv", ".wmv"}
+LIST_EXTENSIONS = {".txt", ".lst", ".list"}
+
+
+def discover(spec: str) -> list[str]:
+    """Every input video the spec names, as sorted absolute paths (duplicates removed)."""
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        found = [Path(p) for p in glob.glob(str(path), recursive=True)]
+        paths = [p for p in found if p.is_file()]
+        if not paths:
+            raise FileNotFoundError(f"input={spec!r}: the glob matches no file")
+    elif path.is_dir():
+        paths = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS
+                 and not p.name.startswith(".")]
+        if not paths:
+            raise FileNotFoundError(f"input={spec!r}: no video files ({', '.join(sorted(VIDEO_EXTENSIONS))}) in it")
+    elif path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
+        lines = [ln.strip() for ln in path.read_text().splitlines()]
+        paths = [(path.parent / ln) for ln in lines if ln and not ln.startswith("#")]
+        if not paths:
+            raise FileNotFoundError(f"input={spec!r}: the list file names no videos")
+    elif path.is_file():
+        paths = [path]
+    else:
+        raise FileNotFoundError(f"input={spec!r}: no such file or directory")
+    return sorted({str(p.resolve()) for p in paths})
+
+
+def content_hash(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def source_id(path: str, sha256: str) -> str:
+    """Stable and readable: the file stem (letters, digits, '_') and a hash of name and content.
+    Sample keys are `<source_id>-<clip:04d>`, so the id holds no dots and no '-'."""
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", Path(path).stem).strip("_")[:40] or "video"
+    digest = hashlib.sha1(f"{Path(path).name}\0{sha256}".encode()).hexdigest()[:12]
+    return f"{stem}_{digest}"

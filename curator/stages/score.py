@@ -1,0 +1,137 @@
+"""Per-clip measurements from the small analysis frames, and the filters that read them.
+
+Every measurement lands in the clip's JSON; a filter only compares a measurement to a threshold,
+so a dropped clip always says which score and which limit dropped it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from curator.stages.detect import LUMA
+
+CHANGED_LEVEL = 8.0  # a pixel moving more than this (0..255) in a channel between frames has changed
+CAMERA_MOTION_AREA = 0.3  # above this fraction of the frame off the median, the camera moves
+
+# Named colours for captions: the nearest name in RGB wins.
+PALETTE = {
+    "black": (10, 10, 10), "white": (245, 245, 245), "gray": (128, 128, 128),
+    "red": (220, 40, 40), "green": (40, 200, 60), "blue": (60, 100, 240), "yellow": (240, 220, 40),
+    "magenta": (220, 50, 210), "cyan": (50, 220, 230), "orange": (245, 140, 30),
+    "dark blue": (15, 25, 90), "dark green": (15, 70, 30), "brown": (90, 55, 25),
+    "purple": (70, 20, 90), "teal": (0, 95, 95), "pink": (240, 160, 190), "beige": (210, 195, 160),
+}
+_PALETTE_NAMES = list(PALETTE)
+_PALETTE_RGB = np.array([PALETTE[n] for n in _PALETTE_NAMES], dtype=np.float32)
+
+
+def colour_name(rgb) -> str:
+    return _PALETTE_NAMES[int(np.argmin(((_PALETTE_RGB - np.asarray(rgb, np.float32)) ** 2).sum(1)))]
+
+
+def colour_grid(frame: np.ndarray, n: int = 4) -> list[int]:
+    """Mean RGB of each cell of an n x n grid over a (h, w, 3) frame: 3n² values that tell colours
+    apart where a luma hash cannot (the same layout in other colours)."""
+    ys = np.linspace(0, frame.shape[0], n + 1).astype(int)
+    xs = np.linspace(0, frame.shape[1], n + 1).astype(int)
+    return [int(v) for i in range(n) for j in range(n)
+            for v in frame[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].reshape(-1, 3).mean(0)]
+
+
+def phash(gray: np.ndarray) -> int:
+    """64-bit perceptual hash: signs of the 8x8 lowest DCT frequencies of a 32x32 resize."""
+    h, w = gray.shape
+    ys = (np.arange(32) * h / 32).astype(int)
+    xs = (np.arange(32) * w / 32).astype(int)
+    img = gray[ys][:, xs].astype(np.float64)
+    n = np.arange(32)
+    dct = np.cos(np.pi * (2 * n[None, :] + 1) * n[:, None] / 64)  # (32, 32) DCT-II basis
+    coeffs = (dct @ img @ dct.T)[:8, :8].ravel()
+    bits = coeffs > np.median(coeffs[1:])
+    return int(sum(1 << k for k, b in enumerate(bits) if b))
+
+
+def _global_shift(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(dx, dy) that moves gray frame `a` onto `b`, by phase correlation."""
+    fa, fb = np.fft.fft2(a - a.mean()), np.fft.fft2(b - b.mean())
+    r = fb * np.conj(fa)
+    corr = np.fft.ifft2(r / np.maximum(np.abs(r), 1e-6)).real
+    dy, dx = np.unravel_index(np.argmax(corr), corr.shape)
+    h, w = a.shape
+    return np.array([dx - w if dx > w // 2 else dx, dy - h if dy > h // 2 else dy], dtype=np.float32)
+
+
+def _direction(step: np.ndarray, min_px: float) -> str | None:
+    dx, dy = float(step[0]), float(step[1])
+    if max(abs(dx), abs(dy)) < min_px:
+        return None
+    if abs(dx) >= abs(dy):
+        return "right" if dx > 0 else "left"
+    return "down" if dy > 0 else "up"
+
+
+def measure(small: np.ndarray) -> dict:
+    """Scores of one clip from its analysis frames (T, h, w, 3) uint8."""
+    f = small.astype(np.float32)
+    gray = f @ LUMA  # (T, h, w)
+    t, h, w = gray.shape
+    motion = float(np.abs(np.diff(gray, axis=0)).mean()) if t > 1 else 0.0
+    # Fraction of pixels that change visibly between frames, in any channel (an object can have
+    # its background's luma): codec noise on a still shot stays near 0, a small moving object not.
+    changed = np.abs(np.diff(f, axis=0)).max(-1) > CHANGED_LEVEL if t > 1 else np.zeros(1)  # (T-1, h, w)
+    motion_area = float(changed.mean())
+
+    # Background: the per-pixel median over time; foreground: what differs from it. When most of
+    # the frame differs from that median the camera moves, and the global shift says where.
+    background = np.median(f, axis=0)  # (h, w, 3)
+    bg_colour = colour_name(np.median(background.reshape(-1, 3), axis=0))
+    fg = np.abs(f - background).sum(-1) > 60  # (T, h, w)
+    fg_frac = float(fg.mean())
+    fg_colour, fg_direction, pan_direction = None, None, None
+    if fg_frac > CAMERA_MOTION_AREA:
+        pan = np.zeros(2, np.float32)
+        stride = max(1, t // 8)
+        for a, b in zip(range(0, t - stride, stride), range(stride, t, stride), strict=False):
+            pan += _global_shift(gray[a], gray[b])
+        pan_direction = _direction(-pan, 0.15 * w)  # the scene moves left when the camera pans right
+    elif fg_frac > 0.002:
+        fg_colour = colour_name(np.median(f[fg], axis=0))
+        ys, xs = np.mgrid[0:h, 0:w]
+        cents = [(xs[m].mean(), ys[m].mean()) for m in fg if m.sum() >= 3]
+        if len(cents) >= 2:
+            fg_direction = _direction(np.array(cents[-1]) - np.array(cents[0]), 0.15 * w)
+
+    picks = sorted({0, t // 2, t - 1})
+    return {
+        "motion": round(motion, 3),
+        "motion_area": round(motion_area, 4),
+        "brightness": round(float(gray.mean()), 3),
+        "background_colour": bg_colour,
+        "object_colour": fg_colour,
+        "object_area": round(fg_frac, 4),
+        "object_direction": fg_direction,
+        "camera_pan": pan_direction,
+        "phash": [format(phash(gray[i]), "016x") for i in picks],
+        "colour_grid": [colour_grid(small[i]) for i in picks],
+    }
+
+
+def filter_reason(scores: dict, num_frames: int, fps: float, width: int, height: int, clips_cfg, cfg) -> str | None:
+    """Why a clip is dropped, or None to keep it."""
+    duration = num_frames / fps
+    if duration < clips_cfg.min_s:
+        return f"too_short: {duration:.2f}s < clips.min_s={clips_cfg.min_s}"
+    if min(width, height) < cfg.min_short_side:
+        return f"low_resolution: short side {min(width, height)} < filters.min_short_side={cfg.min_short_side}"
+    aspect = max(width, height) / min(width, height)
+    if aspect > cfg.max_aspect:
+        return f"bad_aspect: {aspect:.2f} > filters.max_aspect={cfg.max_aspect}"
+    if scores["brightness"] < cfg.min_brightness:
+        return f"too_dark: brightness {scores['brightness']:.1f} < filters.min_brightness={cfg.min_brightness}"
+    if scores["brightness"] > cfg.max_brightness:
+        return f"too_bright: brightness {scores['brightness']:.1f} > filters.max_brightness={cfg.max_brightness}"
+    if scores["motion_area"] < cfg.min_motion_area:
+        return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
+    if scores["motion"] > cfg.max_motion:
+        return f"too_shaky: motion {scores['motion']:.1f} > filters.max_motion={cfg.max_motion}"
+    return None

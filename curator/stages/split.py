@@ -1,0 +1,182 @@
+"""Probe, detect shots, window clips, measure, filter and transcode one source in one decoding pass.
+
+These are separate steps in the data flow, but they share one pass over the source's frames: each
+decoded frame is downscaled once for analysis and once for the output size, shot boundaries come
+from the online detector a few frames later, and a clip is measured, judged and encoded as soon as
+its last frame is known. Memory is bounded by one clip's frames, whatever the source's length.
+
+`process_source` is the whole job for one input and never raises for bad media: the result is a
+manifest record whose status says what happened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from curator import media
+from curator.stages import detect, score
+
+
+@dataclass
+class Clip:
+    key: str
+    start_frame: int
+    end_frame: int
+    kept: bool
+    reason: str | None
+    scores: dict = field(default_factory=dict)
+    mp4: bytes | None = None  # encoded only when kept
+    width: int = 0
+    height: int = 0
+    shot_index: int = 0
+
+    def record(self) -> dict:
+        return {"key": self.key, "start_frame": self.start_frame, "end_frame": self.end_frame,
+                "kept": self.kept, "reason": self.reason}
+
+
+class _Splitter:
+    """The online windowing state of one source; frames are pushed in decode order."""
+
+    def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict):
+        self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
+        self.out_size, self.timings = out_size, timings
+        self.max_frames = max(1, round(cfg.clips.max_s * fps))
+        self.trim = cfg.clips.trim_frames
+        self.shots: list[list[int]] = []
+        self.clips: list[Clip] = []
+        self.shot_start = 0
+        self.cursor = 0  # first frame of the next clip; no trim at the very start of the stream
+        self.fade_in = False  # the current shot starts out of a dark run: trim its dim frames
+        self.pending: deque[media.DecodedFrame] = deque()
+
+    def push(self, frame: media.DecodedFrame, decided_upto: int) -> None:
+        """Add a frame; `decided_upto`: the detector has decided every boundary at or before it."""
+        if frame.index >= self.cursor:
+            self.pending.append(frame)
+        # A full-length clip can go once no boundary can still fall inside it or its trim.
+        while self.cursor + self.max_frames + self.trim - 1 <= decided_upto and len(self.pending) >= self.max_frames:
+            self._emit(self.cursor + self.max_frames)
+
+    def boundary(self, b: int, tail_trim: int, dark: bool = False) -> None:
+        """The shot that started at `shot_start` ends before frame `b`; `dark`: at a dark run."""
+        end = b - tail_trim
+        if end > self.cursor:
+            self._emit(end, fade_out=dark)
+        self.shots.append([self.shot_start, b])
+        self.shot_start = b
+        self.cursor = b + self.trim
+        self.fade_in = dark
+        while self.pending and self.pending[0].index < self.cursor:
+            self.pending.popleft()
+
+    def _emit(self, end: int, fade_out: bool = False) -> None:
+        frames = []
+        while self.pending and self.pending[0].index < end:
+            frames.append(self.pending.popleft())
+        self.cursor = end
+        if self.fade_in or fade_out:
+            frames = _trim_fades(frames, self.fade_in, fade_out)
+        self.fade_in = False
+        if not frames:
+            return
+        start, end = frames[0].index, frames[-1].index + 1
+        t0 = time.perf_counter()
+        small = np.stack([f.small for f in frames])
+        scores = score.measure(small)
+        w, h = self.out_size
+        reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
+        self.timings["score_s"] += time.perf_counter() - t0
+        clip = Clip(f"{self.source_id}-{len(self.clips):04d}", start, end, reason is None, reason, scores,
+                    width=w, height=h, shot_index=len(self.shots))
+        if clip.kept:
+            t0 = time.perf_counter()
+            out = [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)]
+            clip.mp4 = media.encode_clip(out, self.out_fps, self.cfg.transcode.crf)
+            self.timings["encode_s"] += time.perf_counter() - t0
+        self.clips.append(clip)
+
+
+def _trim_fades(frames: list[media.DecodedFrame], head: bool, tail: bool) -> list[media.DecodedFrame]:
+    """Drop the frames of a fade next to a dark run: those dimmer than 90% of the clip's median."""
+    luma = np.array([f.small.mean() for f in frames])
+    floor = 0.9 * np.median(luma)
+    lo, hi = 0, len(frames)
+    while head and lo < hi and luma[lo] < floor:
+        lo += 1
+    while tail and hi > lo and luma[hi - 1] < floor:
+        hi -= 1
+    return frames[lo:hi]
+
+
+def resample(num_frames: int, fps: float, out_fps: float) -> list[int]:
+    """Source frame indices that make up `num_frames` source frames played at `out_fps`."""
+    if abs(fps - out_fps) < 1e-6:
+        return list(range(num_frames))
+    count = max(1, round(num_frames * out_fps / fps))
+    return [min(num_frames - 1, int(k * fps / out_fps + 0.5)) for k in range(count)]
+
+
+def _source_limits(p: media.Probe, cfg) -> str | None:
+    if p.width < 2 or p.height < 2:
+        return f"frame size {p.width}x{p.height} is too small to transcode"
+    return None
+
+
+def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
+    """Curate one source. Returns (manifest record, clips in order)."""
+    record = {"source": path, "source_id": source_id, "status": "error", "error": None,
+              "shots": [], "clips": []}
+    timings = {"probe_s": 0.0, "decode_detect_s": 0.0, "score_s": 0.0, "encode_s": 0.0}
+    record["timings"] = timings
+    t0 = time.perf_counter()
+    try:
+        p = media.probe(path)
+    except media.MediaError as e:
+        record["error"] = str(e)
+        return record, []
+    timings["probe_s"] = time.perf_counter() - t0
+    record.update({k: v for k, v in p.to_dict().items() if k in ("fps", "num_frames", "width", "height",
+                                                               "duration_s", "rotation", "codec", "vfr")})
+    problem = _source_limits(p, cfg)
+    if problem:
+        record["error"] = problem
+        return record, []
+
+    out_fps = cfg.transcode.fps or p.fps
+    out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
+    small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
+    detector = detect.build_detector(cfg.detector, p.fps)
+    lookahead = getattr(detector, "window", 0)
+    splitter = _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings)
+
+    n = 0
+    warning = None
+    t_loop = time.perf_counter()
+    try:
+        for frame in media.decode(path, p, small_size, out_size):
+            n = frame.index + 1
+            for b in detector.push(frame.small):
+                splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
+            splitter.push(frame, frame.index - lookahead)
+    except media.TruncatedStream as e:
+        warning = str(e)
+    except media.MediaError as e:
+        record["error"] = str(e)
+        return record, []
+    for b in detector.flush():
+        splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
+    if n == 0:
+        record["error"] = "no decodable video frame"
+        return record, []
+    splitter.boundary(n, 0)
+    timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - timings["encode_s"]
+
+    record.update({"status": "ok", "num_frames": n, "warning": warning, "shots": splitter.shots,
+                   "clips": [c.record() for c in splitter.clips],
+                   "out_width": out_size[0], "out_height": out_size[1], "out_fps": out_fps})
+    return record, splitter.clips

@@ -1,0 +1,135 @@
+"""Shards, manifest and resume state of one curated output directory.
+
+Layout (DESIGN.md "Shards" and "Manifest"):
+    <out>/shards/shard-000000.tar   complete shards only; written as .shard-*.tar.tmp, then renamed
+    <out>/manifest.jsonl            one record per input, appended once all its clips are in shards
+    <out>/summary.json              rewritten at the end of each run that did work
+    <out>/.state/shards.jsonl       per complete shard: its keys and their dedup signatures
+
+After a crash, a rerun skips every input with a manifest record, discards any unfinished shard, and
+never writes a key that a complete shard already holds: no duplicate, missing or truncated samples.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+from curator.stages.dedup import DedupIndex
+
+
+def _fsync_append(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (a crash mid-append) is ignored."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class OutputDir:
+    def __init__(self, root: str | os.PathLike, samples_per_shard: int, max_hamming: int | None):
+        if samples_per_shard < 1:
+            raise ValueError(f"writer.samples_per_shard={samples_per_shard}: must be >= 1")
+        self.root = Path(root)
+        self.shard_dir = self.root / "shards"
+        self.state_dir = self.root / ".state"
+        self.shard_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = self.root / "manifest.jsonl"
+        self.shards_state_path = self.state_dir / "shards.jsonl"
+        self.samples_per_shard = samples_per_shard
+        for stale in self.shard_dir.glob(".shard-*.tmp"):
+            stale.unlink()  # an unfinished shard from a killed run; its sources have no record yet
+
+        self.done_sources = {r["source"] for r in read_jsonl(self.manifest_path)}
+        shard_records = [r for r in read_jsonl(self.shards_state_path) if (self.shard_dir / r["shard"]).exists()]
+        self.written_keys: set[str] = set()
+        self.dedup = DedupIndex(max_hamming) if max_hamming is not None else None
+        for r in shard_records:
+            for key, (hashes, colours) in zip(r["keys"], r["dedup"], strict=True):
+                self.written_keys.add(key)
+                if self.dedup is not None:
+                    self.dedup.add(key, hashes, colours)
+        self.shard_index = len(shard_records)
+        self._tar: tarfile.TarFile | None = None
+        self._tmp: Path | None = None
+        self._keys: list[str] = []
+        self._dedup: list[list] = []  # per key: [phashes, colour grids]
+        self._waiting: list[tuple[dict, set[str]]] = []  # (manifest record, its keys not yet in a shard)
+
+    # -- samples ----------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        name = f"shard-{self.shard_index:06d}.tar"
+        self._tmp = self.shard_dir / f".{name}.tmp"
+        self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
+
+    def add_sample(self, key: str, members: dict[str, bytes], hashes: list[str], colours: list[list[int]]) -> None:
+        """Write one sample (`<key>.<ext>` members) into the open shard."""
+        if "." in key:
+            raise ValueError(f"sample key {key!r} has a dot; webdataset splits keys at the first dot")
+        if self._tar is None:
+            self._open()
+        for ext, data in members.items():
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            self._tar.addfile(info, io.BytesIO(data))
+        self._keys.append(key)
+        self._dedup.append([hashes, colours])
+        self.written_keys.add(key)
+        if self.dedup is not None:
+            self.dedup.add(key, hashes, colours)
+        if len(self._keys) >= self.samples_per_shard:
+            self.finish_shard()
+
+    def finish_shard(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        with open(self._tmp, "rb") as f:
+            os.fsync(f.fileno())
+        name = self._tmp.name[1:-len(".tmp")]
+        os.replace(self._tmp, self.shard_dir / name)
+        _fsync_append(self.shards_state_path, json.dumps({"shard": name, "keys": self._keys, "dedup": self._dedup}))
+        done = set(self._keys)
+        self._tar, self._tmp, self._keys, self._dedup = None, None, [], []
+        self.shard_index += 1
+        for _, keys in self._waiting:
+            keys -= done
+        self._flush_records()
+
+    # -- manifest ---------------------------------------------------------------------------------
+
+    def add_record(self, record: dict, keys_in_shards: set[str]) -> None:
+        """The input's record goes to the manifest once every one of its written keys is in a shard."""
+        pending = {k for k in keys_in_shards if k in self._keys}
+        self._waiting.append((record, pending))
+        self._flush_records()
+
+    def _flush_records(self) -> None:
+        while self._waiting and not self._waiting[0][1]:
+            record, _ = self._waiting.pop(0)
+            _fsync_append(self.manifest_path, json.dumps(record))
+            self.done_sources.add(record["source"])
+
+    def close(self) -> None:
+        self.finish_shard()
+        self._flush_records()
+
+    def shard_counts(self) -> list[dict]:
+        return [{"shard": r["shard"], "num_samples": len(r["keys"])} for r in read_jsonl(self.shards_state_path)]
