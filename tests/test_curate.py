@@ -1,0 +1,199 @@
+"""vfm-curate end to end on real H.264 files through a real local Ray instance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import av
+import decord
+import numpy as np
+import pytest
+import webdataset as wds
+from vfm_testmedia import write_bad_and_odd_inputs
+
+import conf
+from curator.pipeline import curate
+from curator.stages.split import process_source
+from curator.writer import read_jsonl
+
+
+def _cfg(input_dir, output_dir, *overrides):
+    return conf.compose("curate", [f"input={input_dir}", f"output={output_dir}", "ray.num_cpus=2", *overrides])
+
+
+@pytest.fixture(scope="module")
+def corpus(synth_corpus, bikes, tmp_path_factory):
+    """The synthetic corpus, bikes.mp4 and a set of broken and odd files in one input folder."""
+    media_dir, truth = synth_corpus
+    root = tmp_path_factory.mktemp("inputs")
+    for p in media_dir.iterdir():
+        shutil.copy(p, root / p.name)
+    shutil.copy(bikes, root / "bikes.mp4")
+    expected = write_bad_and_odd_inputs(root / "odd", media_dir / "cuts.mp4")
+    return root, truth, expected
+
+
+@pytest.fixture(scope="module")
+def curated(corpus, ray_local, tmp_path_factory):
+    root, truth, expected = corpus
+    out = tmp_path_factory.mktemp("curated")
+    summary = curate(_cfg(root, out, "writer.samples_per_shard=8"), log=lambda *_: None)
+    records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
+    samples = list(wds.WebDataset(sorted(str(p) for p in (out / "shards").glob("*.tar")), shardshuffle=False))
+    return out, summary, records, samples
+
+
+def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus):
+    root, truth, expected = corpus
+    out, summary, records, _ = curated
+    assert set(records) == set(truth) | {"bikes.mp4"} | set(expected)
+    for name, want in expected.items():
+        r = records[name]
+        assert r["status"] in ("ok", "error")
+        if want != "any":
+            assert r["status"] == want, (name, r["error"])
+        if r["status"] == "error":
+            assert r["error"] and len(r["error"]) > 10, name
+    assert "no video stream" in records["audio_only.mp4"]["error"]
+    assert summary["inputs"] == len(records)
+    assert summary["errors"] == sum(r["status"] == "error" for r in records.values())
+
+
+def test_shots_are_frame_accurate(curated, corpus):
+    _, truth, _ = corpus
+    _, _, records, _ = curated
+    assert records["bikes.mp4"]["scene_cuts"] == [30, 76, 137, 187, 242]
+    assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
+    for name in ("cuts.mp4", "static.mp4", "text.mp4"):
+        assert records[name]["scene_cuts"] == truth[name]["cuts"], name
+        spans = [[s["start_frame"], s["end_frame"]] for s in truth[name]["shots"]]
+        assert records[name]["shots"] == spans, name
+    # A fade through black: a boundary inside the fade, never a clip across it.
+    (fade,) = truth["fade.mp4"]["fades"]
+    for clip in records["fade.mp4"]["clips"]:
+        if clip["kept"]:
+            assert clip["end_frame"] <= fade["start_frame"] + 6 or clip["start_frame"] >= fade["end_frame"] - 6
+
+
+def test_filters_drop_with_reasons(curated, corpus):
+    _, truth, _ = corpus
+    _, summary, records, _ = curated
+    static = records["static.mp4"]["clips"]
+    assert static[0]["reason"].startswith("static") and static[1]["kept"]
+    dark = records["dark.mp4"]["clips"]
+    assert dark[0]["reason"].startswith("too_dark") and dark[1]["kept"]
+    assert records["one_frame.mp4"]["clips"][0]["reason"].startswith("too_short")
+    for reason in ("static", "too_dark", "too_short"):
+        assert summary["drop_reasons"][reason] >= 1
+    assert summary["kept"] + summary["dropped"] == summary["clips"]
+
+
+def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):
+    out, summary, records, samples = curated
+    assert len(samples) == summary["kept"] == sum(s["num_samples"] for s in summary["shards"])
+    assert not list((out / "shards").glob(".*"))  # no temporary shard left
+    keys = [s["__key__"] for s in samples]
+    assert len(set(keys)) == len(keys) and all("." not in k for k in keys)
+    for s in samples:
+        meta = json.loads(s["json"])
+        assert s["txt"].decode() == meta["caption"] and meta["caption_source"] == "attributes"
+        assert meta["key"] == s["__key__"] and meta["num_frames"] == meta["end_frame"] - meta["start_frame"]
+        assert {"motion", "motion_area", "brightness", "phash"} <= set(meta["scores"])
+        path = out / f"{s['__key__']}.mp4"
+        path.write_bytes(s["mp4"])
+        with av.open(str(path)) as c:
+            st = c.streams.video[0]
+            assert st.codec_context.name == "h264" and st.codec_context.pix_fmt == "yuv420p"
+        vr = decord.VideoReader(str(path))
+        assert len(vr) == meta["num_frames"]
+        assert vr[0].shape == (meta["height"], meta["width"], 3)
+        assert meta["width"] % 2 == 0 and meta["height"] % 2 == 0 and min(meta["width"], meta["height"]) <= 256
+        rec = records[Path(meta["source"]).name]
+        assert rec["sha256"] == meta["source_sha256"]
+        assert any(c["key"] == meta["key"] and c["kept"] for c in rec["clips"])
+        path.unlink()
+
+
+def test_attribute_captions_say_what_the_ground_truth_says(curated, corpus):
+    _, truth, _ = corpus
+    _, _, _, samples = curated
+    by_source = {}
+    for s in samples:
+        meta = json.loads(s["json"])
+        by_source.setdefault(Path(meta["source"]).name, []).append(meta)
+    checked = 0
+    for name in ("cuts.mp4", "shapes-000.mp4", "shapes-001.mp4"):
+        for meta in by_source[name]:
+            shot = truth[name]["shots"][meta["shot_index"]]
+            assert f"a {shot['color']} object" in meta["caption"] or f"an {shot['color']} object" in meta["caption"]
+            assert f"moves {shot['direction']}" in meta["caption"]
+            assert f"on a {shot['background']} background" in meta["caption"]
+            checked += 1
+    assert checked >= 5
+
+
+def test_rotated_vfr_and_odd_sources_come_out_right(curated):
+    out, _, records, samples = curated
+    rot = records["rotated.mp4"]
+    assert rot["rotation"] == 90 and (rot["width"], rot["height"]) == (64, 96)
+    (sample,) = [s for s in samples if json.loads(s["json"])["source"].endswith("rotated.mp4")]
+    path = out / "rot.mp4"
+    path.write_bytes(sample["mp4"])
+    frame = decord.VideoReader(str(path))[0].asnumpy().astype(int)
+    h = frame.shape[0]
+    # Stored red-left/blue-right, turned 90° counter-clockwise: blue on top, red at the bottom.
+    assert frame[h // 8, :, 2].mean() > 150 and frame[-h // 8:, :, 0].mean() > 150
+    vfr = records["vfr.mp4"]
+    assert vfr["vfr"] and vfr["status"] == "ok"
+    clip = [c for c in vfr["clips"] if c["kept"]][0]
+    # Presentation time of the last frame (gaps of 3/24 s and 1/24 s: 95/24 s) plus one mean frame.
+    assert clip["end_s"] == pytest.approx(95 / 24 + 1 / vfr["fps"], abs=1e-3)
+    odd = records["odd_size.mp4"]
+    assert (odd["out_width"] % 2, odd["out_height"] % 2) == (0, 0)
+
+
+def test_rerun_on_finished_output_does_nothing(curated, corpus):
+    root, _, _ = corpus
+    out = curated[0]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert curate(_cfg(root, out, "writer.samples_per_shard=8"), log=lambda *_: None) is None
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+
+def test_same_inputs_same_clips_and_keys(curated, corpus, tmp_path):
+    root, truth, _ = corpus
+    again = tmp_path / "again"
+    sub = tmp_path / "in"
+    sub.mkdir()
+    for name in ("cuts.mp4", "fade.mp4", "bikes.mp4"):
+        shutil.copy(root / name, sub / name)
+    curate(_cfg(sub, again, "writer.samples_per_shard=3"), log=lambda *_: None)
+    first = curated[2]
+    for r in read_jsonl(again / "manifest.jsonl"):
+        name = Path(r["source"]).name
+        assert r["clips"] == first[name]["clips"] and r["shots"] == first[name]["shots"], name
+
+
+def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
+    media_dir, _ = synth_corpus
+    with pytest.raises(ValueError, match="clips.min_s"):
+        curate(_cfg(media_dir, tmp_path / "o", "clips.min_s=0"))
+    with pytest.raises(ValueError, match="transcode.short_side"):
+        curate(_cfg(media_dir, tmp_path / "o", "transcode.short_side=99"))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        curate(_cfg(tmp_path / "missing", tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
+    """Long shots split at max_s; each clip's frames are encoded as soon as it closes."""
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.max_s=0.6", "clips.min_s=0.2", "detector=fixed",
+                                  "detector.window_s=100"])
+    record, clips = process_source(str(bikes), "bikes", cfg)
+    assert record["shots"] == [[0, 250]]
+    spans = [(c.start_frame, c.end_frame) for c in clips]
+    assert spans[0] == (0, 15) and all(e - s <= 15 for s, e in spans)
+    assert spans[-1][1] == 250
+    assert np.all(np.diff([s for s, _ in spans]) == 15)

@@ -1,0 +1,91 @@
+"""Real media files for tests: broken, odd and rotated inputs written with PyAV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None):
+    """Write RGB frames as H.264 with PyAV; `pts` with `time_base` gives a variable frame rate."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=fps)
+        s.height, s.width = frames[0].shape[:2]
+        s.pix_fmt = pix_fmt
+        if time_base is not None:
+            s.codec_context.time_base = time_base
+        if rotation:
+            s.set_display_rotation(rotation)
+        for i, a in enumerate(frames):
+            f = av.VideoFrame.from_ndarray(a, format="rgb24")
+            if pts is not None:
+                f.pts, f.time_base = pts[i], time_base
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+def _moving(n, h, w, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    bg = rng.integers(40, 200, 3)
+    frames = []
+    for i in range(n):
+        a = np.empty((h, w, 3), np.uint8)
+        a[:] = bg
+        x = int(4 + (w - 20) * i / max(n - 1, 1))
+        a[h // 3: h // 3 + 12, x: x + 12] = (250, 30, 30)
+        frames.append(a)
+    return frames
+
+
+def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
+    """Broken and unusual files next to good ones; returns name -> what the curator must do
+    ("error" or "ok")."""
+    import random
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    d.mkdir(parents=True, exist_ok=True)
+    data = good.read_bytes()
+    (d / "zero.mp4").write_bytes(b"")
+    (d / "random.mp4").write_bytes(random.Random(1).randbytes(50_000))
+    (d / "not_a_video.mp4").write_text("this is not a video\n" * 100)
+    (d / "truncated.mp4").write_bytes(data[: len(data) * 6 // 10])
+    flipped = bytearray(data)
+    rng = random.Random(2)
+    for _ in range(40):
+        i = rng.randrange(len(data) // 4, len(data) - 1000)
+        flipped[i] ^= 0xFF
+    (d / "bitflip.mp4").write_bytes(bytes(flipped))
+    with av.open(str(d / "audio_only.mp4"), "w") as c:
+        s = c.add_stream("aac", rate=16000)
+        for i in range(20):
+            fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            fr.sample_rate, fr.pts = 16000, i * 1024
+            for p in s.encode(fr):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    _encode(d / "one_frame.mp4", _moving(1, 64, 96, 3))
+    _encode(d / "odd_size.mp4", _moving(48, 71, 97, 4), pix_fmt="yuv444p")
+    # Rotated: stored landscape with red on the left half; displayed upright (90° ccw) red is at the bottom.
+    rot = np.zeros((64, 96, 3), np.uint8)
+    rot[:, :48] = (230, 20, 20)
+    rot[:, 48:] = (20, 20, 230)
+    frames = [np.roll(rot, i, axis=0) for i in range(48)]  # rows shift: motion, so the clip is kept
+    for k, f in enumerate(frames):
+        f[(k * 2) % 64: (k * 2) % 64 + 4, :] = 255
+    _encode(d / "rotated.mp4", frames, rotation=90)
+    # Variable frame rate: 48 frames whose gaps alternate 1/24 s and 3/24 s.
+    gaps = [1 if i % 2 else 3 for i in range(48)]
+    _encode(d / "vfr.mp4", _moving(48, 64, 96, 5), pts=list(np.cumsum([0] + gaps[:-1])),
+            time_base=Fraction(1, 24))
+    return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
+            "bitflip.mp4": "any", "audio_only.mp4": "error", "one_frame.mp4": "ok", "odd_size.mp4": "ok",
+            "rotated.mp4": "ok", "vfr.mp4": "ok"}
