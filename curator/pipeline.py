@@ -83,8 +83,9 @@ class SourceWorker:
     """Ray Data actor. Each source runs in a child process, so a decoder that crashes or hangs on a
     corrupt stream costs that source an error record, not the run."""
 
-    def __init__(self, cfg_dict: dict, timeout_s: float):
+    def __init__(self, cfg_dict: dict, timeout_s: float, work=None):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
+        self.work = work or _work  # (path, cfg_dict) -> (record, clip metas, mp4s); run in the child
         self.pool: cf.ProcessPoolExecutor | None = None
 
     def __call__(self, row: dict) -> dict:
@@ -92,10 +93,10 @@ class SourceWorker:
         if self.pool is None:
             self.pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
         try:
-            record, metas, mp4s = self.pool.submit(_work, path, self.cfg_dict).result(timeout=self.timeout_s)
+            record, metas, mp4s = self.pool.submit(self.work, path, self.cfg_dict).result(timeout=self.timeout_s)
         except cf.process.BrokenProcessPool:
             self.pool = None
-            record, metas, mp4s = _error(path, "the decoder crashed on this file (its process died)"), [], []
+            record, metas, mp4s = _error(path, "the process decoding this file died (a decoder crash)"), [], []
         except cf.TimeoutError:
             _kill(self.pool)
             self.pool = None

@@ -89,3 +89,20 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "one_frame.mp4": "ok", "odd_size.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok"}
+
+
+def work_that_crashes_on(path: str, cfg_dict: dict):
+    """A SourceWorker job that dies like a decoder segfault on files named crash*, hangs on
+    files named hang*, and curates everything else for real."""
+    import os
+    import signal
+    import time
+
+    from curator.pipeline import _work
+
+    name = Path(path).name
+    if name.startswith("crash"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if name.startswith("hang"):
+        time.sleep(3600)
+    return _work(path, cfg_dict)
