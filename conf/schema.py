@@ -102,6 +102,7 @@ class TranscodeConfig:
     short_side: int = 256
     fps: float | None = None  # None keeps the source rate
     crf: int = 23
+    preset: str = "veryfast"  # x264 speed/size trade-off: ultrafast ... veryslow
 
 
 @dataclass
@@ -140,6 +141,9 @@ class CurateConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     writer: WriterConfig = field(default_factory=WriterConfig)
     num_workers: int | None = None  # concurrent sources; None: one per CPU of the Ray cluster
+    # Decoder and encoder threads per source; None: 1 when several sources run at once (they fill
+    # the cores between them), else FFmpeg's and x264's own choice.
+    codec_threads: int | None = None
     source_timeout_s: float = 1800.0  # a source that takes longer gets an error record
 
 

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 
 class MediaError(Exception):
@@ -108,11 +109,12 @@ def _upright(frame: av.VideoFrame, rotation: int, fmt: str) -> av.VideoFrame:
 
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
-           out_size: tuple[int, int] | None, fast: bool = False) -> Iterator[DecodedFrame]:
+           out_size: tuple[int, int] | None, fast: bool = False, threads: int = 0) -> Iterator[DecodedFrame]:
     """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
     transcode frame. Sizes are (width, height) after rotation. The analysis frame is scaled from
     the transcode frame, so the full-size frame is scaled only once. `fast` skips H.264's
-    deblocking filter: fine for analysis at a few dozen pixels wide, not for frames to keep."""
+    deblocking filter: fine for analysis at a few dozen pixels wide, not for frames to keep.
+    `threads`: decoder threads, 0 for FFmpeg's choice; 1 when other processes already use the cores."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
@@ -120,9 +122,14 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         return (size[1], size[0]) if swap else size
 
     sw, sh = pre(small_size)
+    # One scaler per output size for the whole stream: frame.reformat() would set up a new
+    # swscale context (filter tables and all) for every frame, which costs more than the scaling.
+    to_out, to_small = VideoReformatter(), VideoReformatter()
     with av.open(path) as container:
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        if threads != 1:
+            stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
         index = 0
@@ -131,11 +138,13 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 out = None
                 if out_size is not None:
                     ow, oh = pre(out_size)
-                    frame = out = frame.reformat(width=ow, height=oh, format="yuv420p")
-                small = frame.reformat(width=sw, height=sh, format="rgb24", interpolation="AREA")
+                    frame = out = to_out.reformat(frame, width=ow, height=oh, format="yuv420p",
+                                                  interpolation="BILINEAR")
+                small = to_small.reformat(frame, width=sw, height=sh, format="rgb24", interpolation="AREA")
                 if rot:
                     small, out = _upright(small, rot, "rgb24"), out and _upright(out, rot, "yuv420p")
-                yield DecodedFrame(index, small.to_ndarray(), out, float(frame.time) if frame.time is not None else None)
+                time_s = float(frame.time) if frame.time is not None else None
+                yield DecodedFrame(index, small.to_ndarray(), out, time_s)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:
@@ -144,7 +153,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             raise TruncatedStream(index, str(e)) from e
 
 
-def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str = "veryfast") -> bytes:
+def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, threads: int = 0) -> bytes:
     """H.264 yuv420p mp4 at a constant rate, in memory."""
     import io
 
@@ -153,7 +162,7 @@ def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str =
     with av.open(buf, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
-        stream.options = {"crf": str(crf), "preset": preset}
+        stream.options = {"crf": str(crf), "preset": preset, "threads": str(threads) if threads else "auto"}
         for i, frame in enumerate(frames):
             frame.pts = i
             frame.time_base = 1 / rate

@@ -10,10 +10,8 @@ cluster. Results come back in input order, so keys, dedup decisions and shards a
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
-import multiprocessing as mp
 import sys
 import time
 from collections import Counter
@@ -21,14 +19,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from curator.sandbox import Sandbox, SandboxError
 from curator.stages import caption, detect
 from curator.stages.discover import content_hash, discover, source_id
 from curator.stages.split import process_source
 from curator.writer import OutputDir, read_jsonl
 
 CURATOR_VERSION = "0.1.0"
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 # Config fields that do not change what is written, left out of the config hash.
-_RUN_ONLY = ("input", "output", "ray", "num_workers", "source_timeout_s")
+_RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s")
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -48,8 +48,12 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"transcode.short_side={t.short_side}: must be even and >= 16")
     if not 0 <= t.crf <= 51:
         raise ValueError(f"transcode.crf={t.crf}: x264 takes 0..51")
+    if t.preset not in X264_PRESETS:
+        raise ValueError(f"transcode.preset={t.preset!r}: one of {', '.join(X264_PRESETS)}")
     if t.fps is not None and t.fps <= 0:
         raise ValueError(f"transcode.fps={t.fps}: must be > 0, or null to keep each source's rate")
+    if cfg.codec_threads is not None and cfg.codec_threads < 0:
+        raise ValueError(f"codec_threads={cfg.codec_threads}: 0 for FFmpeg's choice, or a count")
     if cfg.source_timeout_s <= 0:
         raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
     detect.build_detector(cfg.detector, fps=30.0)
@@ -73,34 +77,22 @@ def _work(path: str, cfg_dict: dict) -> tuple[dict, list[dict], list[bytes]]:
     return record, metas, [c.mp4 for c in clips if c.kept]
 
 
-def _kill(pool: cf.ProcessPoolExecutor) -> None:
-    for proc in list(getattr(pool, "_processes", {}).values()):
-        proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
 class SourceWorker:
-    """Ray Data actor. Each source runs in a child process, so a decoder that crashes or hangs on a
-    corrupt stream costs that source an error record, not the run."""
+    """Ray Data actor. Each source runs in the worker's sandbox process, so a decoder that crashes
+    or hangs on a corrupt stream costs that source an error record, not the run."""
 
-    def __init__(self, cfg_dict: dict, timeout_s: float, work=None):
+    def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work"):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
-        self.work = work or _work  # (path, cfg_dict) -> (record, clip metas, mp4s); run in the child
-        self.pool: cf.ProcessPoolExecutor | None = None
+        self.work = work  # "module:function" taking (path, cfg_dict) -> (record, clip metas, mp4s)
+        self.sandbox = Sandbox()
 
     def __call__(self, row: dict) -> dict:
         path = row["path"]
-        if self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
         try:
-            record, metas, mp4s = self.pool.submit(self.work, path, self.cfg_dict).result(timeout=self.timeout_s)
-        except cf.process.BrokenProcessPool:
-            self.pool = None
-            record, metas, mp4s = _error(path, "the process decoding this file died (a decoder crash)"), [], []
-        except cf.TimeoutError:
-            _kill(self.pool)
-            self.pool = None
-            record, metas, mp4s = _error(path, f"timed out after source_timeout_s={self.timeout_s}s"), [], []
+            record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, timeout_s=self.timeout_s)
+        except SandboxError as e:
+            record, metas, mp4s = _error(path, f"{e} (source_timeout_s={self.timeout_s})"
+                                         if "timed out" in str(e) else str(e)), [], []
         record["clips"] = metas
         return {"path": path, "record": json.dumps(record), "mp4": mp4s}
 
@@ -202,11 +194,13 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
     ray = _init_ray(cfg)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
-    num_workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    num_workers = min(cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1))), len(todo))
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    if cfg_dict["codec_threads"] is None:
+        cfg_dict["codec_threads"] = 1 if num_workers > 1 else 0
     ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
     ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s},
-                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=min(num_workers, len(todo))), num_cpus=1)
+                compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
     ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
                 compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0)
 
@@ -251,7 +245,8 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> se
             clip["kept"], clip["reason"] = False, f"duplicate: of {dup}"
             continue
         meta = _sample_meta(record, clip, cfg_hash)
-        out.add_sample(key, {"mp4": mp4, "txt": clip["caption"].encode(), "json": json.dumps(meta).encode()}, hashes, colours)
+        members = {"mp4": mp4, "txt": clip["caption"].encode(), "json": json.dumps(meta).encode()}
+        out.add_sample(key, members, hashes, colours)
         written.add(key)
     return written
 

@@ -13,7 +13,7 @@ from conf import schema
 def _stage_groups(stage: str) -> list[str]:
     """The groups named in a stage's defaults list."""
     defaults = OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml")["defaults"]
-    return [next(iter(d)) for d in defaults if not isinstance(d, str)]
+    return [next(iter(d)) for d in defaults if not isinstance(d, str) and not next(iter(d)).startswith("override ")]
 
 
 def _options(group: str) -> list[str]:

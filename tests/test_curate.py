@@ -201,7 +201,6 @@ def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
 
 def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, synth_corpus):
     from omegaconf import OmegaConf
-    from vfm_testmedia import work_that_crashes_on
 
     from curator.pipeline import SourceWorker
 
@@ -209,11 +208,12 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     for name in ("crash.mp4", "hang.mp4"):
         shutil.copy(media_dir / "cuts.mp4", tmp_path / name)
     cfg = OmegaConf.to_container(_cfg(tmp_path, tmp_path / "o"), resolve=True)
-    worker = SourceWorker(cfg, timeout_s=6, work=work_that_crashes_on)
+    worker = SourceWorker(cfg, timeout_s=6, work="vfm_testmedia:work_that_crashes_on")
     rows = [worker({"path": str(p)}) for p in
             (media_dir / "cuts.mp4", tmp_path / "crash.mp4", media_dir / "fade.mp4", tmp_path / "hang.mp4",
              media_dir / "text.mp4")]
     records = [json.loads(r["record"]) for r in rows]
     assert [r["status"] for r in records] == ["ok", "error", "ok", "error", "ok"]
-    assert "died" in records[1]["error"] and "timed out" in records[3]["error"]
+    assert records[1]["error"] == "the process running it died (signal SIGSEGV)"
+    assert "timed out after 6s" in records[3]["error"]
     assert len(rows[0]["mp4"]) == sum(c["kept"] for c in records[0]["clips"]) > 0

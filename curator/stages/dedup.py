@@ -1,10 +1,11 @@
 """Near-duplicate clips by perceptual hash.
 
-A clip carries 64-bit hashes of a few sampled frames and their quarter-frame mean colours. Two clips
+A clip carries 64-bit hashes of a few sampled frames and their grid-cell mean colours. Two clips
 are near-duplicates when every pair of corresponding hashes is within `max_hamming` bits and their
-colours are within `max_colour_diff` (a luma hash alone cannot tell a red ball from a blue one). Candidates are found through bands of the
-middle frame's hash: with at most `max_hamming` differing bits, one of `max_hamming + 1` bands must
-match exactly (pigeonhole), so lookups stay sub-linear in the number of kept clips.
+colours are within `max_colour_diff` (a luma hash alone cannot tell a red ball from a blue one).
+Candidates are found through bands of the middle frame's hash: with at most `max_hamming` differing
+bits, one of `max_hamming + 1` bands must match exactly (pigeonhole), so lookups stay sub-linear in
+the number of kept clips.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def build_detector(cfg, fps: float):
     raise ValueError(f"detector={cfg.name!r} has no online detector; available: adaptive, fixed")
 
 
-def detect_file(path: str, cfg) -> dict:
+def detect_file(path: str, cfg, threads: int = 0) -> dict:
     """Detection alone, one decoding pass without deblocking (analysis frames only): shot
     boundaries, scene cuts and the presentation time of each cut."""
     from curator import media
@@ -157,7 +157,7 @@ def detect_file(path: str, cfg) -> dict:
     times: list[float | None] = []
     boundaries: list[int] = []
     small = media.analysis_size(p.width, p.height, cfg.get("analysis_width", 64))
-    for frame in media.decode(path, p, small, None, fast=True):
+    for frame in media.decode(path, p, small, None, fast=True, threads=threads):
         times.append(frame.time_s)
         boundaries += detector.push(frame.small)
     boundaries += detector.flush()
@@ -178,18 +178,36 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Print each video's scene cuts as one JSON line.")
     parser.add_argument("videos", nargs="+")
     parser.add_argument("--detector", default="adaptive")
+    parser.add_argument("--workers", type=int, default=1, help="videos detected at once, each in its own process")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a detector field, e.g. --set threshold=2.5")
     args = parser.parse_args(argv)
     cfg = conf.compose("curate", [f"detector={args.detector}"] + [f"detector.{kv}" for kv in args.set]).detector
-    failed = 0
-    for path in args.videos:
-        try:
-            print(json.dumps(detect_file(path, cfg)), flush=True)
-        except Exception as e:  # one bad file must not stop the others
-            failed += 1
-            print(json.dumps({"source": path, "error": str(e)}), flush=True)
-    sys.exit(1 if failed else 0)
+    results = detect_many(args.videos, cfg, args.workers)
+    for r in results:
+        print(json.dumps(r), flush=True)
+    sys.exit(1 if any("error" in r for r in results) else 0)
+
+
+def _detect_one(args) -> dict:
+    path, cfg, threads = args
+    try:
+        return detect_file(path, cfg, threads)
+    except Exception as e:  # one bad file must not stop the others; its result says why
+        return {"source": path, "error": str(e)}
+
+
+def detect_many(paths: list[str], cfg, workers: int = 1) -> list[dict]:
+    """detect_file over many videos, `workers` at once in separate processes, results in order."""
+    import concurrent.futures as cf
+
+    from omegaconf import OmegaConf
+
+    if workers <= 1:
+        return [_detect_one((p, cfg, 0)) for p in paths]
+    jobs = [(p, OmegaConf.to_container(cfg), 1) for p in paths]
+    with cf.ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_detect_one, [(p, OmegaConf.create(c), t) for p, c, t in jobs]))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ class _Splitter:
         if clip.kept:
             t0 = time.perf_counter()
             out = [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)]
-            clip.mp4 = media.encode_clip(out, self.out_fps, self.cfg.transcode.crf)
+            t = self.cfg.transcode
+            clip.mp4 = media.encode_clip(out, self.out_fps, t.crf, t.preset, self.cfg.get("codec_threads") or 0)
             self.timings["encode_s"] += time.perf_counter() - t0
         self.clips.append(clip)
 
@@ -164,7 +165,7 @@ def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
     warning = None
     t_loop = time.perf_counter()
     try:
-        for frame in media.decode(path, p, small_size, out_size):
+        for frame in media.decode(path, p, small_size, out_size, threads=cfg.get("codec_threads") or 0):
             n = frame.index + 1
             times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
             for b in detector.push(frame.small):

