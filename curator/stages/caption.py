@@ -1,15 +1,22 @@
-"""Captioners: each turns a clip's record into (caption, source of the caption).
+"""Captioners: `captioner(source, clips, mp4s)` returns (caption, where it came from) for each
+kept clip of one source, given the clips' records and their encoded mp4 bytes.
 
 - `attributes`: a sentence composed from what was measured in the clip; offline, always available.
 - `sidecar`: captions given beside the sources (same-stem .txt or .json, or a CSV of path,caption);
   a clip whose source has none falls back to `attributes`, and says so in `caption_source`.
+- `vlm`: a transformers vision-language model (local folder or hub id) over frames sampled from
+  each clip, tiled into one image, in batches.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
+
+import av
+import numpy as np
 
 
 def attributes_caption(scores: dict) -> str:
@@ -37,8 +44,8 @@ class AttributesCaptioner:
     def __init__(self, cfg=None):
         pass
 
-    def __call__(self, source: str, scores: dict) -> tuple[str, str]:
-        return attributes_caption(scores), "attributes"
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
+        return [(attributes_caption(c["scores"]), "attributes") for c in clips]
 
 
 class SidecarCaptioner:
@@ -68,11 +75,80 @@ class SidecarCaptioner:
             return value.strip() if isinstance(value, str) and value.strip() else None
         return None
 
-    def __call__(self, source: str, scores: dict) -> tuple[str, str]:
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
         caption = self._lookup(source)
         if caption is None:
-            return attributes_caption(scores), "attributes (no sidecar)"
-        return caption, "sidecar"
+            return [(attributes_caption(c["scores"]), "attributes (no sidecar)") for c in clips]
+        return [(caption, "sidecar") for _ in clips]
+
+
+def sample_frames(mp4: bytes, num_frames: int) -> list[np.ndarray]:
+    """`num_frames` frames spread evenly over an encoded clip, (H, W, 3) uint8 each."""
+    with av.open(io.BytesIO(mp4)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    picks = np.linspace(0, len(frames) - 1, num_frames).round().astype(int)
+    return [frames[i] for i in picks]
+
+
+def tile(frames: list[np.ndarray]) -> np.ndarray:
+    """Frames in a near-square grid, row by row: one image a single-image model can read as a clip."""
+    cols = int(np.ceil(np.sqrt(len(frames))))
+    rows = int(np.ceil(len(frames) / cols))
+    h, w, _ = frames[0].shape
+    grid = np.zeros((rows * h, cols * w, 3), np.uint8)
+    for i, f in enumerate(frames):
+        r, c = divmod(i, cols)
+        grid[r * h:(r + 1) * h, c * w:(c + 1) * w] = f
+    return grid
+
+
+class VLMCaptioner:
+    """Loads the model once per actor; on CUDA in bf16 when a GPU is given, else fp32 on the CPU."""
+
+    def __init__(self, cfg):
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        self.cfg = cfg
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.processor = AutoProcessor.from_pretrained(cfg.model)
+        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=dtype).to(self.device).eval()
+        self.prompt = cfg.prompt
+        if getattr(self.processor, "chat_template", None):
+            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": cfg.prompt}]}]
+            self.prompt = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+
+    def caption_images(self, images: list[np.ndarray]) -> list[str]:
+        import torch
+
+        out = []
+        for i in range(0, len(images), self.cfg.batch_size):
+            batch = images[i:i + self.cfg.batch_size]
+            inputs = self.processor(images=batch, text=[self.prompt] * len(batch), return_tensors="pt",
+                                    padding=True).to(self.device)
+            with torch.no_grad():
+                ids = self.model.generate(**inputs, max_new_tokens=self.cfg.max_new_tokens, do_sample=False)
+            new = ids[:, inputs["input_ids"].shape[1]:]  # the answer, without the prompt
+            out += [t.strip() for t in self.processor.batch_decode(new, skip_special_tokens=True)]
+        return out
+
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
+        texts = self.caption_images([tile(sample_frames(m, self.cfg.num_frames)) for m in mp4s])
+        return [(t, "vlm") if t else (attributes_caption(c["scores"]), "attributes (vlm gave no text)")
+                for t, c in zip(texts, clips, strict=True)]
+
+
+def check_vlm(cfg) -> None:
+    """Fail before any work when the model cannot be found (no download happens here)."""
+    from transformers import AutoConfig
+
+    if cfg.num_frames < 1 or cfg.batch_size < 1 or cfg.max_new_tokens < 1:
+        raise ValueError("captioner.num_frames, batch_size and max_new_tokens must all be >= 1")
+    try:
+        AutoConfig.from_pretrained(cfg.model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"captioner.model={cfg.model!r}: cannot load its config ({e})") from e
 
 
 def build_captioner(cfg):
@@ -80,4 +156,6 @@ def build_captioner(cfg):
         return AttributesCaptioner(cfg)
     if cfg.name == "sidecar":
         return SidecarCaptioner(cfg)
-    raise ValueError(f"captioner={cfg.name!r} is not available yet; use attributes or sidecar")
+    if cfg.name == "vlm":
+        return VLMCaptioner(cfg)
+    raise ValueError(f"captioner={cfg.name!r}: available are attributes, sidecar, vlm")
