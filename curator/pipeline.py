@@ -55,6 +55,11 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"transcode.fps={t.fps}: must be > 0, or null to keep each source's rate")
     if cfg.codec_threads is not None and cfg.codec_threads < 0:
         raise ValueError(f"codec_threads={cfg.codec_threads}: 0 for FFmpeg's choice, or a count")
+    if cfg.filters.ocr:
+        import importlib.util
+
+        if importlib.util.find_spec("rapidocr_onnxruntime") is None:
+            raise ValueError("filters.ocr=true needs rapidocr: pip install 'vfm[ocr]'")
     if cfg.source_timeout_s <= 0:
         raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
     if cfg.detector.name == "transnetv2":

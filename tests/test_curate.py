@@ -257,3 +257,15 @@ def test_vlm_captioner_runs_a_transformers_model_from_a_local_folder(tmp_path, s
         assert meta["caption"] == direct.caption_images([tile(sample_frames(s["mp4"], 4))])[0]
     with pytest.raises(ValueError, match="captioner.model"):
         curate(_cfg(inputs, tmp_path / "o2", "captioner=vlm", f"captioner.model={tmp_path / 'nothing_here'}"))
+
+
+def test_ocr_filter_measures_burned_in_text_and_drops_by_it(tmp_path, synth_corpus):
+    media_dir, truth = synth_corpus
+    path = str(media_dir / "text.mp4")
+    record, clips = process_source(path, "text", conf.compose("curate", ["input=x", "output=y", "filters.ocr=true"]))
+    titled, plain = clips
+    assert titled.scores["text_area"] > 0.02 and "".join(titled.scores["ocr_text"]).replace(" ", "") == "VFMNEWS2026"
+    assert plain.scores["text_area"] == 0.0 and titled.kept and plain.kept
+    strict = conf.compose("curate", ["input=x", "output=y", "filters.ocr=true", "filters.max_text_area=0.01"])
+    _, clips = process_source(path, "text", strict)
+    assert clips[0].reason.startswith("too_much_text") and clips[1].kept

@@ -116,6 +116,29 @@ def measure(small: np.ndarray) -> dict:
     }
 
 
+_ocr_engine = None
+
+
+def text_area(frame: np.ndarray, min_confidence: float = 0.5) -> tuple[float, list[str]]:
+    """Fraction of an (H, W, 3) RGB frame covered by text that PP-OCR (rapidocr) can read, and the
+    text. Boxes whose recognition is unsure, or reads no letter or digit, are not text: detection
+    alone also boxes plain shapes, and recognition reads a square as '■'."""
+    global _ocr_engine
+    if _ocr_engine is None:
+        from rapidocr_onnxruntime import RapidOCR
+
+        _ocr_engine = RapidOCR()
+    result, _ = _ocr_engine(frame[:, :, ::-1], use_cls=False)  # rapidocr reads BGR, as OpenCV does
+    area, texts = 0.0, []
+    for box, text, confidence in result or []:
+        if any(ch.isalnum() for ch in text) and float(confidence) >= min_confidence:
+            xs, ys = np.array(box)[:, 0], np.array(box)[:, 1]
+            area += 0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1)))  # shoelace
+            texts.append(text)
+    h, w = frame.shape[:2]
+    return round(min(1.0, area / (h * w)), 4), texts
+
+
 def filter_reason(scores: dict, num_frames: int, fps: float, width: int, height: int, clips_cfg, cfg) -> str | None:
     """Why a clip is dropped, or None to keep it."""
     duration = num_frames / fps
@@ -134,4 +157,6 @@ def filter_reason(scores: dict, num_frames: int, fps: float, width: int, height:
         return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
     if scores["motion"] > cfg.max_motion:
         return f"too_shaky: motion {scores['motion']:.1f} > filters.max_motion={cfg.max_motion}"
+    if scores.get("text_area", 0.0) > cfg.max_text_area:
+        return f"too_much_text: text_area {scores['text_area']:.3f} > filters.max_text_area={cfg.max_text_area}"
     return None

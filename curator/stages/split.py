@@ -93,6 +93,9 @@ class _Splitter:
         t0 = time.perf_counter()
         small = np.stack([f.small for f in frames])
         scores = score.measure(small)
+        if self.cfg.filters.ocr:
+            middle = frames[len(frames) // 2]
+            scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
         w, h = self.out_size
         reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
         self.timings["score_s"] += time.perf_counter() - t0
