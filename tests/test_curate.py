@@ -269,3 +269,29 @@ def test_ocr_filter_measures_burned_in_text_and_drops_by_it(tmp_path, synth_corp
     strict = conf.compose("curate", ["input=x", "output=y", "filters.ocr=true", "filters.max_text_area=0.01"])
     _, clips = process_source(path, "text", strict)
     assert clips[0].reason.startswith("too_much_text") and clips[1].kept
+
+
+def test_sidecar_captions_from_txt_json_and_csv_with_fallback(tmp_path, synth_corpus):
+    from omegaconf import OmegaConf
+
+    from curator.stages.caption import SidecarCaptioner
+
+    media_dir, truth = synth_corpus
+    scores = {"object_colour": "red", "object_direction": "left", "background_colour": "gray", "brightness": 90}
+    clips = [{"scores": scores}, {"scores": scores}]
+    for name in ("a.mp4", "b.mp4", "c.mp4", "d.mp4"):
+        shutil.copy(media_dir / "cuts.mp4", tmp_path / name)
+    (tmp_path / "a.txt").write_text("  a dog runs on a beach \n")
+    (tmp_path / "b.json").write_text(json.dumps({"caption": "two cats"}))
+    (tmp_path / "caps.csv").write_text("path,caption\nc.mp4,a city at night\n")
+    cap = SidecarCaptioner(OmegaConf.create({"name": "sidecar", "csv": str(tmp_path / "caps.csv")}))
+    assert cap(str(tmp_path / "a.mp4"), clips, []) == [("a dog runs on a beach", "sidecar")] * 2
+    assert cap(str(tmp_path / "b.mp4"), clips, []) == [("two cats", "sidecar")] * 2
+    assert cap(str((tmp_path / "c.mp4").resolve()), clips, []) == [("a city at night", "sidecar")] * 2
+    text, source = cap(str(tmp_path / "d.mp4"), clips, [])[0]
+    assert source == "attributes (no sidecar)" and text == "a red object moves left on a gray background"
+    with pytest.raises(FileNotFoundError, match="captioner.csv"):
+        SidecarCaptioner(OmegaConf.create({"name": "sidecar", "csv": str(tmp_path / "none.csv")}))
+    # The generator's single-shot videos carry their captions as same-stem .txt files.
+    name = "shapes-000.mp4"
+    assert cap(str(media_dir / name), clips[:1], [])[0] == (truth[name]["shots"][0]["caption"], "sidecar")
