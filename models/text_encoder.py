@@ -34,7 +34,8 @@ class TextEncoder(nn.Module):
             model = model.get_encoder()
         self.model = model.eval().requires_grad_(False)
         self.max_length = max_length
-        self.dim = self.model.config.hidden_size if hasattr(self.model.config, "hidden_size") else self.model.config.d_model
+        config = self.model.config
+        self.dim = config.hidden_size if hasattr(config, "hidden_size") else config.d_model
 
     @torch.no_grad()
     def forward(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

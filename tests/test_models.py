@@ -29,7 +29,7 @@ def _inputs(b=2, c=3, t=4, h=8, w=12, text_len=5, seed=0):
 def _randomize_zero_init(model):
     """Give the zero-initialised layers small random weights, so that every path carries gradient."""
     g = torch.Generator().manual_seed(1)
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.detach().abs().any():
             with torch.no_grad():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
@@ -80,7 +80,7 @@ def test_rope_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 1, 48, generator=g), torch.randn(1, 1, 1, 48, generator=g)
 
     def score(a, b):
-        assert all(p < n for p, n in zip(a + b, grid + grid))
+        assert all(p < n for p, n in zip(a + b, grid + grid, strict=True))
         index = torch.tensor([a[0] * 48 + a[1] * 8 + a[2], b[0] * 48 + b[1] * 8 + b[2]])
         cos, sin = rope(grid, index)
         qa = apply_rotary(q, cos[:1], sin[:1])
@@ -89,7 +89,8 @@ def test_rope_scores_depend_only_on_relative_position():
 
     base = score((0, 1, 2), (1, 3, 3))
     for shift in [(1, 0, 0), (0, 2, 0), (0, 0, 3), (2, 1, 1)]:
-        moved = score(tuple(p + s for p, s in zip((0, 1, 2), shift)), tuple(p + s for p, s in zip((1, 3, 3), shift)))
+        moved = score(tuple(p + s for p, s in zip((0, 1, 2), shift, strict=True)),
+                      tuple(p + s for p, s in zip((1, 3, 3), shift, strict=True)))
         assert moved == pytest.approx(base, abs=1e-4)
     assert score((0, 1, 2), (1, 3, 4)) != pytest.approx(base, abs=1e-3)
 
