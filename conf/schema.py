@@ -179,17 +179,20 @@ class ParallelConfig:
 
 @dataclass
 class DataConfig:
-    """Shards and batching (group `data`)."""
+    """Shards and batching (group `data`); see dataloader/dataset.py."""
 
-    shards: str = MISSING
-    num_frames: int = MISSING
-    # Buckets as [num_frames, height, width]; a sample goes to the nearest bucket by aspect ratio.
+    shards: str = MISSING  # a curated output dir, its summary.json, a glob or a {a..b} pattern; `::` joins
+    # Buckets as [num_frames, height, width]: a sample goes to the closest aspect ratio it has frames for.
     buckets: list[list[int]] = MISSING
-    tokens_per_batch: int = MISSING
+    tokens_per_batch: int = MISSING  # batch size per bucket = tokens_per_batch // tokens in one sample
+    token_size: list[int] = field(default_factory=lambda: [1, 8, 8])  # (t, h, w) pixels per token
+    fps: float | None = None  # sample frames at this rate; None: every frame_stride-th frame
+    frame_stride: int = 1
     num_workers: int = 2
-    image_ratio: float = 0.0
+    image_ratio: float | None = None  # fraction of image samples; None: as the shards hold them
     caption_dropout: float = 0.1
-    resampled: bool = True
+    resampled: bool = True  # shards drawn with replacement each pass; false: exact epochs
+    num_epochs: int | None = None  # None: endless
 
 
 @dataclass

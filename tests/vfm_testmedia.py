@@ -129,3 +129,67 @@ def write_tiny_vlm(folder: Path) -> Path:
     processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok)
     processor.save_pretrained(folder)
     return folder
+
+
+def write_test_shards(folder: Path, seed: int = 0, num_shards: int = 6, per_shard: int = 6,
+                      bad: bool = False) -> list[str]:
+    """Real webdataset shards of real H.264 clips in two aspect ratios, written with TarWriter:
+    `<key>.mp4`, `.txt`, `.json` as the curator writes them. With `bad`, one shard also holds a
+    corrupt mp4, a sample without .txt, one without .json, and the last shard is truncated."""
+    import json as _json
+    import random as _random
+
+    import webdataset as wds
+
+    from curator import synth
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = _random.Random(seed)
+    cache: dict = {}
+    paths = []
+    for s in range(num_shards):
+        path = folder / f"shard-{s:06d}.tar"
+        with wds.TarWriter(str(path)) as sink:
+            for i in range(per_shard):
+                size = (96, 64) if (s + i) % 3 else (64, 96)
+                frames = 24 + 8 * ((s + i) % 2)
+                seg = synth.random_shot(rng, frames)
+                clip = folder / "clip.mp4"
+                synth.write_video(clip, [seg], fps=24, size=size)
+                key = f"s{s}_{i:02d}"
+                meta = {"key": key, "num_frames": frames, "fps": 24.0, "width": size[0], "height": size[1]}
+                sample = {"__key__": key, "mp4": clip.read_bytes(), "txt": seg.caption(), "json": _json.dumps(meta)}
+                if bad and s == 1 and i == 0:
+                    sample["mp4"] = sample["mp4"][:200] + bytes(rng.randbytes(2000))
+                if bad and s == 1 and i == 1:
+                    del sample["txt"]
+                if bad and s == 1 and i == 2:
+                    del sample["json"]
+                sink.write(sample)
+                cache[key] = seg.caption()
+        paths.append(str(path))
+    (folder / "clip.mp4").unlink()
+    if bad:
+        last = Path(paths[-1])
+        last.write_bytes(last.read_bytes()[: last.stat().st_size * 2 // 3])
+    return paths
+
+
+def loader_rank_worker(rank: int, world: int, cp: int, folder: str, port: int, out: str) -> None:
+    """One rank of a dp x cp layout over gloo: iterate one epoch, gather every rank's batches."""
+    import json as _json
+
+    import torch.distributed as dist
+
+    from dataloader.dataset import Loader, LoaderSettings, VideoBatches
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    settings = LoaderSettings(buckets=[[8, 32, 48], [8, 48, 32], [16, 32, 48]], tokens_per_batch=768,
+                              token_size=[1, 8, 8], seed=7, caption_dropout=0.2)
+    ds = VideoBatches(folder, settings, dp_rank=rank // cp, dp_size=world // cp, num_epochs=1)
+    batches = [(b["key"], b["text"], float(b["video"].double().sum())) for b in Loader(ds, num_workers=1)]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, batches)
+    if rank == 0:
+        Path(out).write_text(_json.dumps(gathered))
+    dist.destroy_process_group()
