@@ -1,9 +1,10 @@
 """Shards to training batches: rank-aware, bucketed, resumable, and deterministic for a seed.
 
 Each epoch's batches are planned from the sample index alone (no decoding):
-    shuffle the shard list (seed, epoch), or draw it with replacement (resampled) ─► this data-parallel rank's shards (shard-level split;
-    sample-level when there are fewer shards than ranks) ─► shuffle their samples (seed, epoch,
-    rank) ─► bucket each one ─► fill per-bucket batches in that order.
+    shuffle the shard list (seed, epoch), or draw it with replacement (resampled)
+    ─► this data-parallel rank's shards (shard-level split; sample-level when there are fewer
+       shards than ranks) ─► shuffle their samples (seed, epoch, rank) ─► bucket each one
+    ─► fill per-bucket batches in that order.
 Every rank can compute every rank's plan, so all of them cut the epoch to the same number of
 batches: a rank that skips more data can never leave a collective waiting. Ranks that share a
 data-parallel index (the CP and TP peers of one replica) compute the same plan: identical samples
