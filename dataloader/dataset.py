@@ -154,7 +154,9 @@ class VideoBatches(IterableDataset):
             def indices_for(n, fps):
                 return decode.frame_indices(n, fps, bucket.num_frames, self.s.fps, self.s.frame_stride, rng)
 
-            out["video"] = decode.decode_video(self._read(ref, ext, handles), indices_for, bucket.width,
+            m = ref.meta
+            src = (int(m["width"]), int(m["height"])) if m.get("width") and m.get("height") else None
+            out["video"] = decode.decode_video(self._read(ref, ext, handles), src, indices_for, bucket.width,
                                                bucket.height, rng)
         if "text_emb.npy" in ref.members:
             out["text_emb"] = torch.from_numpy(np.load(io.BytesIO(self._read(ref, "text_emb.npy", handles))))

@@ -20,6 +20,10 @@ from PIL import Image
 decord.bridge.set_bridge("native")
 
 
+# (source size, width, height) that decord failed to scale to while decoding, in this process.
+_CANNOT_SCALE: set = set()
+
+
 class SampleError(Exception):
     """This sample cannot be decoded; the loader skips and counts it."""
 
@@ -70,26 +74,32 @@ def _resize(x: torch.Tensor, width: int, height: int) -> torch.Tensor:
     return y.transpose(0, 1)
 
 
-def decode_video(data: bytes, indices_for, width: int, height: int, rng: random.Random | None) -> torch.Tensor:
-    """(3, T, height, width). `indices_for(num_frames, fps)` picks the frames once the clip is open."""
+def decode_video(data: bytes, src_size: tuple[int, int] | None, indices_for, width: int, height: int,
+                 rng: random.Random | None) -> torch.Tensor:
+    """(3, T, height, width). `src_size`: the clip's (width, height) from its metadata, so the clip
+    is opened once, already at the cover size; None opens it once more to find out.
+    `indices_for(num_frames, fps)` picks the frames once the clip is open."""
+    def frames(vr) -> torch.Tensor:
+        indices = indices_for(len(vr), vr.get_avg_fps())
+        if not indices:
+            raise SampleError("the clip has too few frames for its bucket")
+        return _to_tensor(vr.get_batch(indices).asnumpy())
+
+    errors = (decord.DECORDError, RuntimeError, IndexError)  # decord raises RuntimeError for bad input
     try:
-        probe = decord.VideoReader(io.BytesIO(data), num_threads=1)
-        src_h, src_w = probe[0].shape[:2] if len(probe) else (0, 0)
-        indices = indices_for(len(probe), probe.get_avg_fps())
-    except (decord.DECORDError, RuntimeError) as e:  # decord raises RuntimeError for unreadable input
-        raise SampleError(f"cannot decode video: {str(e).splitlines()[0][:200]}") from e
-    if not indices:
-        raise SampleError("the clip has too few frames for its bucket")
-    cw, ch = cover_size(src_w, src_h, width, height)
-    try:
-        vr = decord.VideoReader(io.BytesIO(data), width=cw, height=ch, num_threads=1)
-        x = _to_tensor(vr.get_batch(indices).asnumpy())
-    except (decord.DECORDError, RuntimeError):
-        # decord cannot scale to some sizes while decoding (e.g. 48x27): scale after decoding.
+        if src_size is None:
+            src_size = tuple(reversed(decord.VideoReader(io.BytesIO(data), num_threads=1)[0].shape[:2]))
+        cw, ch = cover_size(*src_size, width, height)
         try:
-            x = _resize(_to_tensor(probe.get_batch(indices).asnumpy()), cw, ch)
-        except (decord.DECORDError, RuntimeError) as e:
-            raise SampleError(f"cannot decode frames: {str(e).splitlines()[0][:200]}") from e
+            if (src_size, cw, ch) in _CANNOT_SCALE:
+                raise RuntimeError("known unscalable size")
+            x = frames(decord.VideoReader(io.BytesIO(data), width=cw, height=ch, num_threads=1))
+        except errors:
+            # decord cannot scale to some sizes while decoding (e.g. 48x27): scale after decoding.
+            x = _resize(frames(decord.VideoReader(io.BytesIO(data), num_threads=1)), cw, ch)
+            _CANNOT_SCALE.add((src_size, cw, ch))  # the clip is fine: the size is what failed
+    except errors as e:
+        raise SampleError(f"cannot decode video: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from e
     if x.shape[-2:] != (ch, cw):
         x = _resize(x, cw, ch)
     return _crop(x, height, width, rng)

@@ -102,9 +102,9 @@ def test_decoding_falls_back_when_decord_cannot_resize_while_decoding(tmp_path):
     synth.write_video(tmp_path / "wide.mp4", [seg], size=(128, 72))
     data = (tmp_path / "wide.mp4").read_bytes()
     assert decode.cover_size(128, 72, 48, 26) == (48, 27)  # a size decord fails to decode to
-    x = decode.decode_video(data, lambda n, fps: [0, 4, 8], 48, 26, None)
+    x = decode.decode_video(data, (128, 72), lambda n, fps: [0, 4, 8], 48, 26, None)
     assert x.shape == (3, 3, 26, 48)
-    y = decode.decode_video(data, lambda n, fps: [0, 4, 8], 64, 36, None)  # decord resizes this one
+    y = decode.decode_video(data, None, lambda n, fps: [0, 4, 8], 64, 36, None)  # decord resizes this one
     assert y.shape == (3, 3, 36, 64)
     # Both paths agree with each other on the picture: the red object is right of centre in frame 8.
     for v in (x, y):
@@ -112,7 +112,7 @@ def test_decoding_falls_back_when_decord_cannot_resize_while_decoding(tmp_path):
         cols = red[2].nonzero()[:, 1].float().mean() / v.shape[-1]
         assert 0.5 < cols < 0.9
     with pytest.raises(decode.SampleError):
-        decode.decode_video(b"not a video", lambda n, fps: [0], 48, 26, None)
+        decode.decode_video(b"not a video", None, lambda n, fps: [0], 48, 26, None)
 
 
 def test_caption_dropout_and_eval_mode_are_deterministic(shards):
