@@ -20,10 +20,6 @@ from PIL import Image
 decord.bridge.set_bridge("native")
 
 
-# (source size, width, height) that decord failed to scale to while decoding, in this process.
-_CANNOT_SCALE: set = set()
-
-
 class SampleError(Exception):
     """This sample cannot be decoded; the loader skips and counts it."""
 
@@ -91,13 +87,12 @@ def decode_video(data: bytes, src_size: tuple[int, int] | None, indices_for, wid
             src_size = tuple(reversed(decord.VideoReader(io.BytesIO(data), num_threads=1)[0].shape[:2]))
         cw, ch = cover_size(*src_size, width, height)
         try:
-            if (src_size, cw, ch) in _CANNOT_SCALE:
-                raise RuntimeError("known unscalable size")
             x = frames(decord.VideoReader(io.BytesIO(data), width=cw, height=ch, num_threads=1))
         except errors:
             # decord cannot scale to some sizes while decoding (e.g. 48x27): scale after decoding.
+            # Decided per sample, never remembered: a sample must decode the same way in any
+            # process and after any history, or a resumed run would differ from an uninterrupted one.
             x = _resize(frames(decord.VideoReader(io.BytesIO(data), num_threads=1)), cw, ch)
-            _CANNOT_SCALE.add((src_size, cw, ch))  # the clip is fine: the size is what failed
     except errors as e:
         raise SampleError(f"cannot decode video: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from e
     if x.shape[-2:] != (ch, cw):
