@@ -103,6 +103,7 @@ class TranscodeConfig:
     fps: float | None = None  # None keeps the source rate
     crf: int = 23
     preset: str = "veryfast"  # x264 speed/size trade-off: ultrafast ... veryslow
+    keyframe_interval_s: float = 1.0  # loaders seek to the keyframe before a window, not to the clip's start
 
 
 @dataclass

@@ -153,8 +153,10 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             raise TruncatedStream(index, str(e)) from e
 
 
-def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, threads: int = 0) -> bytes:
-    """H.264 yuv420p mp4 at a constant rate, in memory."""
+def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, threads: int = 0,
+                keyframe_interval_s: float = 1.0) -> bytes:
+    """H.264 yuv420p mp4 at a constant rate, in memory, with a keyframe every `keyframe_interval_s`
+    so that a loader reading a window of the clip seeks instead of decoding from its start."""
     import io
 
     buf = io.BytesIO()
@@ -162,7 +164,9 @@ def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, 
     with av.open(buf, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
-        stream.options = {"crf": str(crf), "preset": preset, "threads": str(threads) if threads else "auto"}
+        gop = max(1, round(keyframe_interval_s * float(rate)))
+        stream.options = {"crf": str(crf), "preset": preset, "threads": str(threads) if threads else "auto",
+                          "g": str(gop), "keyint_min": str(gop)}
         for i, frame in enumerate(frames):
             frame.pts = i
             frame.time_base = 1 / rate

@@ -54,6 +54,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"transcode.crf={t.crf}: x264 takes 0..51")
     if t.preset not in X264_PRESETS:
         raise ValueError(f"transcode.preset={t.preset!r}: one of {', '.join(X264_PRESETS)}")
+    if t.keyframe_interval_s <= 0:
+        raise ValueError(f"transcode.keyframe_interval_s={t.keyframe_interval_s}: must be > 0")
     if t.fps is not None and t.fps <= 0:
         raise ValueError(f"transcode.fps={t.fps}: must be > 0, or null to keep each source's rate")
     if cfg.codec_threads is not None and cfg.codec_threads < 0:

@@ -106,7 +106,8 @@ class _Splitter:
             t0 = time.perf_counter()
             out = [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)]
             t = self.cfg.transcode
-            clip.mp4 = media.encode_clip(out, self.out_fps, t.crf, t.preset, self.cfg.get("codec_threads") or 0)
+            clip.mp4 = media.encode_clip(out, self.out_fps, t.crf, t.preset, self.cfg.get("codec_threads") or 0,
+                                         t.keyframe_interval_s)
             self.timings["encode_s"] += time.perf_counter() - t0
         self.clips.append(clip)
 
