@@ -194,6 +194,7 @@ class DataConfig:
     caption_dropout: float = 0.1
     resampled: bool = True  # shards drawn with replacement each pass; false: exact epochs
     num_epochs: int | None = None  # None: endless
+    cache_dir: str | None = None  # where remote (URL) shards are kept; None: the system's temp dir
 
 
 @dataclass

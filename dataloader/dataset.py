@@ -20,7 +20,9 @@ that failed to decode and were replaced by a good sample of the same batch.
 from __future__ import annotations
 
 import io
+import os
 import random
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -30,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataloader import decode
 from dataloader.buckets import Bucket, BucketSet
-from dataloader.shards import IMAGE_EXTS, VIDEO_EXTS, SampleRef, expand_shards, index_shard
+from dataloader.shards import IMAGE_EXTS, VIDEO_EXTS, SampleRef, expand_shards, fetch, index_shard, is_remote
 
 
 @dataclass
@@ -49,7 +51,7 @@ class LoaderSettings:
 
 class VideoBatches(IterableDataset):
     def __init__(self, shards: str, settings: LoaderSettings, dp_rank: int = 0, dp_size: int = 1,
-                 num_epochs: int | None = None):
+                 num_epochs: int | None = None, cache_dir: str | None = None):
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} is not in [0, dp_size={dp_size})")
         if not 0 <= settings.caption_dropout <= 1:
@@ -60,6 +62,9 @@ class VideoBatches(IterableDataset):
         self.buckets = BucketSet(settings.buckets, settings.tokens_per_batch, settings.token_size)
         self.dp_rank, self.dp_size, self.num_epochs = dp_rank, dp_size, num_epochs
         self.shards = expand_shards(shards)
+        if any(is_remote(s) for s in self.shards):
+            cache = cache_dir or os.path.join(tempfile.gettempdir(), "vfm-shard-cache")
+            self.shards = [fetch(s, cache) if is_remote(s) else s for s in self.shards]
         self.index: dict[str, list[SampleRef]] = {}
         self.index_skipped = 0  # samples without the members a batch needs, or past the damage
         for shard in self.shards:
@@ -251,5 +256,5 @@ def build_loader(cfg, dp_rank: int = 0, dp_size: int = 1, seed: int = 0, train: 
                               token_size=list(cfg.token_size), fps=cfg.fps, frame_stride=cfg.frame_stride,
                               image_ratio=cfg.image_ratio, caption_dropout=cfg.caption_dropout if train else 0.0,
                               random_crop=train, resampled=cfg.resampled, seed=seed)
-    dataset = VideoBatches(cfg.shards, settings, dp_rank, dp_size, cfg.num_epochs)
+    dataset = VideoBatches(cfg.shards, settings, dp_rank, dp_size, cfg.num_epochs, cfg.cache_dir)
     return Loader(dataset, num_workers=cfg.num_workers)

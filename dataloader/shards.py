@@ -1,10 +1,14 @@
 """Shard lists and the sample index.
 
 `expand_shards` turns a spec into a sorted list of tar files: a directory, a glob, a brace pattern
-(`data/shard-{000000..000009}.tar`), a curated output's `summary.json`, or several of those joined
-by `::`. `index_shard` reads one tar's headers and its small members (`.json`, `.txt`, `.npy`
-headers), never the video bytes, and records where each member's bytes lie, so that a loader
-worker can read exactly the members of the samples it decodes.
+(`data/shard-{000000..000009}.tar`), a curated output's `summary.json`, any URL webdataset's
+`gopen` reads (`https://host/shard-{0000..0099}.tar`, `pipe:aws s3 cp s3://b/shard-0001.tar -`), or
+several of those joined by `::`. A remote shard is streamed once into a local cache (`fetch`),
+because batches read members at their offsets.
+
+`index_shard` reads one tar's headers and its small members (`.json`, `.txt`, `.npy` headers),
+never the video bytes, and records where each member's bytes lie, so that a loader worker can
+read exactly the members of the samples it decodes.
 """
 
 from __future__ import annotations
@@ -43,10 +47,12 @@ def _braces(spec: str) -> list[str]:
 def expand_shards(spec: str) -> list[str]:
     """Every tar file a shard spec names, sorted; a clear error when it names none."""
     paths: list[str] = []
+    remote: list[str] = []
     for part in spec.split("::"):
         part = part.strip()
-        if "://" in part or part.startswith("pipe:"):
-            raise ValueError(f"data.shards={part!r}: remote shards are not supported yet; copy them locally")
+        if is_remote(part):
+            remote += _braces(part)
+            continue
         p = Path(part).expanduser()
         if p.is_file() and p.name.endswith(".json"):
             summary = json.loads(p.read_text())
@@ -61,9 +67,38 @@ def expand_shards(spec: str) -> list[str]:
     missing = [x for x in paths if not os.path.isfile(x)]
     if missing:
         raise FileNotFoundError(f"data.shards={spec!r}: {len(missing)} shard(s) do not exist, e.g. {missing[0]}")
-    if not paths:
+    if not paths and not remote:
         raise FileNotFoundError(f"data.shards={spec!r} names no .tar shards")
-    return paths
+    return paths + sorted(set(remote))
+
+
+def is_remote(spec: str) -> bool:
+    return "://" in spec or spec.startswith("pipe:")
+
+
+def fetch(url: str, cache_dir: str | os.PathLike) -> str:
+    """A local copy of a remote shard, streamed once with webdataset's gopen (http(s), pipe:, and
+    the other schemes it knows), written under a temporary name and renamed when complete."""
+    import hashlib
+
+    import webdataset
+
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", url.rstrip("/").split("/")[-1])[-80:] or "shard.tar"
+    local = cache / f"{hashlib.sha1(url.encode()).hexdigest()[:12]}-{name}"
+    if local.exists():
+        return str(local)
+    tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+    try:
+        with webdataset.gopen(url, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(tmp, local)
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise FileNotFoundError(f"cannot fetch shard {url!r}: {e}") from e
+    return str(local)
 
 
 @dataclass

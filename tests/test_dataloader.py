@@ -259,3 +259,29 @@ def test_ranks_split_by_data_parallel_index_and_peers_see_identical_batches(shar
     for i in range(len(keys_by_dp)):
         for j in range(i + 1, len(keys_by_dp)):
             assert not keys_by_dp[i] & keys_by_dp[j]  # data-parallel ranks read different shards
+
+
+def test_remote_shards_over_http_and_pipe_are_fetched_once_and_read_alike(shards, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    folder = _folder(shards)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=folder)
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        spec = f"http://127.0.0.1:{port}/shard-{{000000..000003}}.tar::pipe:cat {folder}/shard-000004.tar"
+        s = _settings(random_crop=False, caption_dropout=0.0)
+        remote = VideoBatches(spec, s, num_epochs=1, cache_dir=str(tmp_path / "cache"))
+        assert len(list((tmp_path / "cache").glob("*.tar"))) == 5 and not list((tmp_path / "cache").glob(".*"))
+        local_spec = "::".join(f"{folder}/shard-{i:06d}.tar" for i in range(5))
+        local = VideoBatches(local_spec, s, num_epochs=1)
+        got = [b["key"] for b in Loader(remote, 0)]
+        assert got and sorted(k for b in got for k in b) == sorted(k for b in Loader(local, 0) for k in b["key"])
+        with pytest.raises(FileNotFoundError, match="cannot fetch"):
+            VideoBatches(f"http://127.0.0.1:{port}/missing.tar", s, cache_dir=str(tmp_path / "cache"))
+    finally:
+        server.shutdown()
