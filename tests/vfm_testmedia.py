@@ -193,3 +193,82 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, port: int, o
     if rank == 0:
         Path(out).write_text(_json.dumps(gathered))
     dist.destroy_process_group()
+
+
+def parallel_equality_worker(rank: int, world: int, layout: dict, port: int, out: str) -> None:
+    """One rank: the same weights as a single-device model, parallelized by `layout`; forward output
+    and every parameter gradient compared with the single-device model's, written by rank 0."""
+    import copy
+    import json as _json
+
+    import torch
+    import torch.distributed as dist
+
+    from models.dit.model import build
+    from train.parallel_dims import ParallelDims
+    from train.parallelize import parallelize, sync_gradients
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ref = build("debug", num_heads=4, hidden_size=64)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # no zero-initialised paths: every gradient is non-trivial
+        for p in ref.parameters():
+            if not p.abs().any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    t_, h_, w_ = layout.get("thw", (3, 8, 10))
+    b = 4
+    x = torch.randn(b, 3, t_, h_, w_, generator=g)
+    t = torch.rand(b, generator=g)
+    y = torch.randn(b, 5, 384, generator=g)
+    mask = torch.ones(b, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    weight = torch.randn(b, 3, t_, h_, w_, generator=g)
+    par = copy.deepcopy(ref)
+
+    out_ref = ref(x, t, y, mask)
+    (out_ref * weight).sum().div(b).backward()
+
+    dims = ParallelDims(1, layout.get("dp_shard", 1), layout.get("cp", 1), layout.get("tp", 1), world,
+                        layout.get("cp_kind", "ulysses"))
+    mesh = dims.build_mesh("cpu")
+    parallelize(par, dims, mesh)
+    dp_rank, dp = mesh["dp"].get_local_rank(), dims.dp
+    sl = slice(dp_rank * b // dp, (dp_rank + 1) * b // dp)  # each data-parallel rank: its part of the batch
+    out_par = par(x[sl], t[sl], y[sl], mask[sl])
+    (out_par * weight[sl]).sum().div(b // dp).backward()
+    sync_gradients(par, dims, mesh)
+
+    scale = out_ref.abs().max().item()
+    result = {"out": (out_par - out_ref[sl]).abs().max().item() / scale, "grads": {}}
+    for (name, p_ref), (_, p_par) in zip(ref.named_parameters(), par.named_parameters(), strict=True):
+        grad = p_par.grad.full_tensor() if hasattr(p_par.grad, "full_tensor") else p_par.grad
+        gscale = p_ref.grad.abs().max().item() or 1.0
+        result["grads"][name] = (grad - p_ref.grad).abs().max().item() / gscale
+
+    # 20 AdamW steps on both: the same loss curve (the parallel loss averaged over data-parallel ranks).
+    ref.zero_grad()
+    par.zero_grad()
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt_par = torch.optim.AdamW(par.parameters(), lr=1e-3)
+    curves = ([], [])
+    for step in range(layout.get("steps", 20)):
+        loss_ref = (ref(x, t, y, mask) * weight).sum().div(b)
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        loss_par = (par(x[sl], t[sl], y[sl], mask[sl]) * weight[sl]).sum().div(b // dp)
+        loss_par.backward()
+        sync_gradients(par, dims, mesh)
+        opt_par.step()
+        opt_par.zero_grad()
+        total = loss_par.detach().clone()
+        dist.all_reduce(total)  # sum over every rank: dp ranks hold parts, cp/tp peers the same value
+        curves[0].append(loss_ref.item())
+        curves[1].append(total.item() / (world // dp) / dp)
+    result["curve_ref"], result["curve_par"] = curves
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        Path(out).write_text(_json.dumps(gathered))
+    dist.destroy_process_group()

@@ -62,6 +62,18 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm(x), shift, scale))  # (B, N, pt*ph*pw*C)
 
 
+class TokenLayout(nn.Module):
+    """Which video tokens this process computes. On one device: all of them, in order. Context
+    parallelism replaces this module (train/parallelize.py) with one that keeps a slice of the
+    sequence and gathers the outputs back; `index` are the flat grid positions of the kept tokens."""
+
+    def split(self, tokens: torch.Tensor, grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return tokens, None
+
+    def merge(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens
+
+
 class VideoDiT(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(self, in_channels: int = 3, out_channels: int | None = None, hidden_size: int = 64,
@@ -75,6 +87,7 @@ class VideoDiT(ModelMixin, ConfigMixin):
         self.time_embed = TimestepEmbedder(hidden_size)
         self.text_proj = TextProjection(text_dim, hidden_size)
         self.rope = RotaryEmbedding3D(hidden_size // num_heads, rope_theta)
+        self.token_layout = TokenLayout()
         self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, adaln_lora_rank)
                                     for _ in range(num_layers))
         self.final = FinalLayer(hidden_size, math.prod(self.patch_size), self.out_channels)
@@ -119,14 +132,15 @@ class VideoDiT(ModelMixin, ConfigMixin):
     def forward(self, x: torch.Tensor, t: torch.Tensor, text_emb: torch.Tensor,
                 text_mask: torch.Tensor | None = None) -> torch.Tensor:
         grid = self.grid(x.shape)
-        tokens = self.patch_embed(x)  # (B, N, D)
+        tokens, index = self.token_layout.split(self.patch_embed(x), grid)  # (B, n, D): n = N on one device
         c = self.time_embed(t)  # (B, D)
         text = self.text_proj(text_emb)  # (B, L, D)
         mask = None if text_mask is None else text_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
-        rope = self.rope(grid)
+        rope = self.rope(grid, index)
         for block in self.blocks:
-            tokens = block(tokens, c, text, mask, rope)  # (B, N, D)
-        return self.unpatchify(self.final(tokens, c), grid)  # (B, C, T, H, W)
+            tokens = block(tokens, c, text, mask, rope)  # (B, n, D)
+        out = self.token_layout.merge(self.final(tokens, c))  # (B, N, pt*ph*pw*C)
+        return self.unpatchify(out, grid)  # (B, C, T, H, W)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,178 @@
+"""Parallelism applied to a single-device VideoDiT from outside, in torchtitan's order:
+tensor parallel, then context parallel, then activation checkpointing, then FSDP2.
+
+    parallelize(model, dims, mesh)      # before training
+    loss.backward(); sync_gradients(model, dims, mesh)
+
+Context parallelism splits the video tokens over the `cp` ranks. Each rank keeps every P-th token
+(P = cp; the sequence padded to a multiple of P), so no rank holds more than one real token more
+than another, computes its tokens' rotary positions, and attends to the whole sequence through a
+replaced `AttentionCore`; text keys stay whole on every rank; the final outputs are gathered so the
+loss sees every token. Implemented here: Ulysses (all-to-all from sequence shards to head shards and
+back). Ring attention and the Ulysses x ring hybrid are not implemented yet: asking for them is an
+error that says so.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+from torch import nn
+
+from models.dit.attention import AttentionCore
+from models.dit.model import TokenLayout, VideoDiT
+from train.parallel_dims import ParallelDims
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather of each rank's tokens along dim 1. Every CP rank computes the same loss from the
+    gathered tokens, so each keeps only its own slice of the gradient (no reduction: summing the
+    identical copies would count the loss P times)."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size):
+        ctx.rank, ctx.n = rank, x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:, ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n].contiguous(), None, None, None
+
+
+class StridedTokenLayout(TokenLayout):
+    """Rank r of P keeps grid tokens r, r+P, r+2P, ... of the sequence padded to a multiple of P."""
+
+    def __init__(self, group, rank: int, size: int):
+        super().__init__()
+        self.group, self.rank, self.size = group, rank, size
+        self.key_valid: torch.Tensor | None = None  # (P*n,) real (True) or padding, in gathered order
+        self._num_tokens = 0
+
+    def split(self, tokens, grid):
+        b, n_real, d = tokens.shape
+        per_rank = -(-n_real // self.size)
+        padded = per_rank * self.size
+        if padded > n_real:
+            tokens = torch.cat([tokens, tokens.new_zeros(b, padded - n_real, d)], dim=1)
+        order = torch.arange(padded).view(per_rank, self.size).t().reshape(-1)  # rank 0's, then rank 1's, ...
+        self.key_valid = order < n_real
+        self._order, self._num_tokens = order, n_real
+        mine = order[self.rank * per_rank:(self.rank + 1) * per_rank]
+        return tokens[:, mine], mine.clamp(max=n_real - 1)  # padded slots borrow a real position; masked anyway
+
+    def merge(self, tokens):
+        gathered = _GatherSequence.apply(tokens, self.group, self.rank, self.size)  # (B, P*n, E) in rank order
+        inverse = torch.empty_like(self._order)
+        inverse[self._order] = torch.arange(self._order.numel())
+        return gathered[:, inverse[:self._num_tokens]]  # (B, N, E) in grid order
+
+
+def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """Exchange the chunks of dim 0 between the ranks of `group` (chunk i goes to rank i)."""
+    x = x.contiguous()  # before empty_like, which would copy a transposed view's strides
+    return dist_nn.all_to_all_single(torch.empty_like(x), x, group=group)
+
+
+class UlyssesAttention(AttentionCore):
+    """Sequence-sharded q, k, v (B, H, n, Dh) -> all-to-all -> head-sharded (B, H/P, P*n, Dh) over the
+    whole sequence -> attention with padded keys masked -> all-to-all back."""
+
+    def __init__(self, layout: StridedTokenLayout, group, size: int):
+        super().__init__()
+        self.layout, self.group, self.size = layout, group, size
+
+    def _to_heads(self, x):
+        b, h, n, dh = x.shape
+        x = x.view(b, self.size, h // self.size, n, dh).transpose(0, 1)  # (P, B, H/P, n, Dh)
+        x = _all_to_all(x, self.group)  # dim 0 now: the rank whose tokens these are
+        return x.permute(1, 2, 0, 3, 4).reshape(b, h // self.size, self.size * n, dh)  # (B, H/P, P*n, Dh)
+
+    def _to_sequence(self, x):
+        b, hp, pn, dh = x.shape
+        x = x.view(b, hp, self.size, pn // self.size, dh).permute(2, 0, 1, 3, 4)  # (P, B, H/P, n, Dh)
+        x = _all_to_all(x, self.group)  # dim 0 now: the rank whose heads these are
+        return x.transpose(0, 1).reshape(b, hp * self.size, pn // self.size, dh)  # (B, H, n, Dh)
+
+    def forward(self, q, k, v, mask=None):
+        q, k, v = self._to_heads(q), self._to_heads(k), self._to_heads(v)
+        valid = self.layout.key_valid.to(q.device)[None, None, None, :]  # (1, 1, 1, P*n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid if mask is None else valid & mask)
+        return self._to_sequence(out)
+
+
+def apply_tp(model: VideoDiT, tp_mesh) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {}
+    for attn in ("attn", "cross_attn"):
+        plan.update({f"{attn}.to_q": ColwiseParallel(), f"{attn}.to_k": ColwiseParallel(),
+                     f"{attn}.to_v": ColwiseParallel(), f"{attn}.to_out": RowwiseParallel()})
+    plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_cp(model: VideoDiT, dims: ParallelDims, cp_mesh) -> None:
+    if dims.cp_kind != "ulysses":
+        raise ValueError(f"parallel.cp_kind={dims.cp_kind!r} is not available yet; use parallel.cp_kind=ulysses")
+    group = cp_mesh.get_group()
+    layout = StridedTokenLayout(group, cp_mesh.get_local_rank(), dims.cp)
+    model.token_layout = layout
+    for block in model.blocks:
+        block.attn.core = UlyssesAttention(layout, group, dims.cp)
+
+
+def apply_ac(model: VideoDiT) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_fsdp(model: VideoDiT, dims: ParallelDims, mesh) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    dp_mesh = mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else mesh["dp_shard"]
+    for block in model.blocks:
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+
+
+def parallelize(model: VideoDiT, dims: ParallelDims, mesh, activation_checkpointing: bool = False,
+                compile: bool = False) -> VideoDiT:
+    dims.check_model(model.config.num_heads)
+    if dims.tp > 1:
+        apply_tp(model, mesh["tp"])
+    if dims.cp > 1:
+        apply_cp(model, dims, mesh["cp"])
+    if activation_checkpointing:
+        apply_ac(model)
+    if dims.dp_shard > 1 or dims.dp_replicate > 1:
+        apply_fsdp(model, dims, mesh)
+    if compile:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block)
+    return model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def sync_gradients(model: nn.Module, dims: ParallelDims, mesh) -> None:
+    """Sum what data parallelism does not: every gradient over the CP ranks (each saw a slice of the
+    tokens), and QK-norm weights over the TP ranks (each saw a slice of the heads)."""
+    if dims.cp > 1:
+        group = mesh["cp"].get_group()
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(_local(p.grad), group=group)
+    if dims.tp > 1:
+        group = mesh["tp"].get_group()
+        for name, p in model.named_parameters():
+            if p.grad is not None and (".q_norm." in name or ".k_norm." in name):
+                dist.all_reduce(_local(p.grad), group=group)
