@@ -25,6 +25,9 @@ LAYOUTS = {
     "dp_shard2": (2, {"dp_shard": 2}),
     "cp2_tp2": (4, {"cp": 2, "tp": 2}),
     "cp4_ulysses_uneven": (4, {"cp": 4, "thw": (1, 6, 6)}),  # 9 tokens over 4 ranks
+    "cp2_ring": (2, {"cp": 2, "cp_kind": "ring"}),
+    "cp2_ring_uneven": (2, {"cp": 2, "cp_kind": "ring", "thw": (3, 6, 10)}),
+    "cp4_hybrid": (4, {"cp": 4, "cp_kind": "hybrid", "thw": (3, 6, 10)}),  # Ulysses pairs, ring across
 }
 
 

@@ -252,7 +252,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, port: int, out
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt_par = torch.optim.AdamW(par.parameters(), lr=1e-3)
     curves = ([], [])
-    for step in range(layout.get("steps", 20)):
+    for _ in range(layout.get("steps", 20)):
         loss_ref = (ref(x, t, y, mask) * weight).sum().div(b)
         loss_ref.backward()
         opt_ref.step()

@@ -1,7 +1,8 @@
 """One owner of the device mesh: dp_replicate x dp_shard x cp x tp = world size, every axis named.
 
-    mesh axes: dp_replicate, dp_shard, cp, tp     (outermost to innermost)
+    mesh axes: dp_replicate, dp_shard, cp_ring, cp_ulysses, tp     (outermost to innermost)
     flattened: dp = dp_replicate x dp_shard       (the loader shards by this axis only)
+               cp = cp_ring x cp_ulysses          (the ranks that split one sequence)
 
 Layouts that cannot work fail here, before any process group is used, with a message saying what
 to change.
@@ -66,7 +67,8 @@ class ParallelDims:
     def build_mesh(self, device_type: str):
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.cp, self.tp),
-                                mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"))
+        mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.ring, self.ulysses, self.tp),
+                                mesh_dim_names=("dp_replicate", "dp_shard", "cp_ring", "cp_ulysses", "tp"))
         mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+        mesh[("cp_ring", "cp_ulysses")]._flatten("cp")
         return mesh

@@ -77,30 +77,114 @@ def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     return dist_nn.all_to_all_single(torch.empty_like(x), x, group=group)
 
 
-class UlyssesAttention(AttentionCore):
-    """Sequence-sharded q, k, v (B, H, n, Dh) -> all-to-all -> head-sharded (B, H/P, P*n, Dh) over the
-    whole sequence -> attention with padded keys masked -> all-to-all back."""
+def _ring_pass(tensors: list[torch.Tensor], group) -> list[torch.Tensor]:
+    """Send each tensor to the next rank of the ring and receive the previous rank's."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    nxt, prv = dist.get_global_rank(group, (rank + 1) % size), dist.get_global_rank(group, (rank - 1) % size)
+    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, prv, group) for r in received]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return received
 
-    def __init__(self, layout: StridedTokenLayout, group, size: int):
+
+def _block(q, k, valid, scale):
+    """Scores of q against one key block, padded keys at -inf: (B, H, n, m)."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    return scores.masked_fill(~valid[None, None, None, :], float("-inf"))
+
+
+class _RingAttention(torch.autograd.Function):
+    """softmax(q kᵀ/√Dh) v over the keys of every rank of the ring, never holding more than one
+    remote key/value block. Forward: merge each block's result by its log-sum-exp. Backward: the
+    same pass again; each block's key/value gradients travel with it and arrive home at the end."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, valid_blocks, group):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        scale = q.shape[-1] ** -0.5
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+        kv = [k, v]
+        for step in range(size):
+            src = (rank - step) % size
+            scores = _block(q, kv[0], valid_blocks[src], scale)  # (B, H, n, m)
+            block_lse = torch.logsumexp(scores, dim=-1)  # (B, H, n)
+            probs = torch.exp(scores - block_lse[..., None]).nan_to_num(0.0)  # an all-padding block: 0
+            new_lse = torch.logaddexp(lse, block_lse)
+            keep = torch.exp(lse - new_lse).nan_to_num(0.0)[..., None]
+            add = torch.exp(block_lse - new_lse).nan_to_num(0.0)[..., None]
+            out = out * keep + (probs @ kv[1]) * add
+            lse = new_lse
+            if step < size - 1:
+                kv = _ring_pass(kv, group)
+        ctx.save_for_backward(q, k, v, out, lse, valid_blocks)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, valid_blocks = ctx.saved_tensors
+        group = ctx.group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        scale = q.shape[-1] ** -0.5
+        delta = (dout * out).sum(-1, keepdim=True)  # (B, H, n, 1)
+        dq = torch.zeros_like(q)
+        kv, dkv = [k, v], [torch.zeros_like(k), torch.zeros_like(v)]
+        for step in range(size):
+            src = (rank - step) % size
+            scores = _block(q, kv[0], valid_blocks[src], scale)
+            probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # (B, H, n, m)
+            dkv[1] = dkv[1] + probs.transpose(-1, -2) @ dout
+            ds = probs * (dout @ kv[1].transpose(-1, -2) - delta)
+            dq = dq + (ds @ kv[0]) * scale
+            dkv[0] = dkv[0] + (ds.transpose(-1, -2) @ q) * scale
+            if step < size - 1:
+                kv, dkv = _ring_pass(kv, group), _ring_pass(dkv, group)
+            else:
+                dkv = _ring_pass(dkv, group)  # home: the block of rank+1 goes back to rank+1
+        return dq, dkv[0], dkv[1], None, None
+
+
+class ContextParallelAttention(AttentionCore):
+    """Attention over the whole sequence from sequence-sharded q, k, v (B, H, n, Dh).
+
+    Ulysses (`ulysses` > 1): an all-to-all inside the Ulysses group turns sequence shards into head
+    shards over the group's tokens, (B, H/U, U*n, Dh). Ring (`ring` > 1): those tokens' keys and
+    values then go round the ring groups. Both: the 2D layout of USP and LongVILA's MM-SP.
+    """
+
+    def __init__(self, layout: StridedTokenLayout, uly_group, ulysses: int, ring_group, ring: int):
         super().__init__()
-        self.layout, self.group, self.size = layout, group, size
+        self.layout, self.uly_group, self.ulysses, self.ring_group, self.ring = layout, uly_group, ulysses, \
+            ring_group, ring
 
     def _to_heads(self, x):
+        if self.ulysses == 1:
+            return x
         b, h, n, dh = x.shape
-        x = x.view(b, self.size, h // self.size, n, dh).transpose(0, 1)  # (P, B, H/P, n, Dh)
-        x = _all_to_all(x, self.group)  # dim 0 now: the rank whose tokens these are
-        return x.permute(1, 2, 0, 3, 4).reshape(b, h // self.size, self.size * n, dh)  # (B, H/P, P*n, Dh)
+        u = self.ulysses
+        x = x.view(b, u, h // u, n, dh).transpose(0, 1)  # (U, B, H/U, n, Dh)
+        x = _all_to_all(x, self.uly_group)  # dim 0 now: the rank whose tokens these are
+        return x.permute(1, 2, 0, 3, 4).reshape(b, h // u, u * n, dh)  # (B, H/U, U*n, Dh)
 
     def _to_sequence(self, x):
-        b, hp, pn, dh = x.shape
-        x = x.view(b, hp, self.size, pn // self.size, dh).permute(2, 0, 1, 3, 4)  # (P, B, H/P, n, Dh)
-        x = _all_to_all(x, self.group)  # dim 0 now: the rank whose heads these are
-        return x.transpose(0, 1).reshape(b, hp * self.size, pn // self.size, dh)  # (B, H, n, Dh)
+        if self.ulysses == 1:
+            return x
+        b, hu, un, dh = x.shape
+        u = self.ulysses
+        x = x.view(b, hu, u, un // u, dh).permute(2, 0, 1, 3, 4)  # (U, B, H/U, n, Dh)
+        x = _all_to_all(x, self.uly_group)  # dim 0 now: the rank whose heads these are
+        return x.transpose(0, 1).reshape(b, hu * u, un // u, dh)  # (B, H, n, Dh)
 
     def forward(self, q, k, v, mask=None):
         q, k, v = self._to_heads(q), self._to_heads(k), self._to_heads(v)
-        valid = self.layout.key_valid.to(q.device)[None, None, None, :]  # (1, 1, 1, P*n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid if mask is None else valid & mask)
+        valid = self.layout.key_valid.to(q.device).view(self.ring, -1)  # (R, U*n): each ring group's keys
+        if self.ring == 1:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[0][None, None, None, :])
+        else:
+            out = _RingAttention.apply(q, k, v, valid, self.ring_group)
         return self._to_sequence(out)
 
 
@@ -116,14 +200,14 @@ def apply_tp(model: VideoDiT, tp_mesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_cp(model: VideoDiT, dims: ParallelDims, cp_mesh) -> None:
-    if dims.cp_kind != "ulysses":
-        raise ValueError(f"parallel.cp_kind={dims.cp_kind!r} is not available yet; use parallel.cp_kind=ulysses")
-    group = cp_mesh.get_group()
-    layout = StridedTokenLayout(group, cp_mesh.get_local_rank(), dims.cp)
+def apply_cp(model: VideoDiT, dims: ParallelDims, mesh) -> None:
+    cp = mesh["cp"]
+    layout = StridedTokenLayout(cp.get_group(), cp.get_local_rank(), dims.cp)
     model.token_layout = layout
+    uly_group = mesh["cp_ulysses"].get_group() if dims.ulysses > 1 else None
+    ring_group = mesh["cp_ring"].get_group() if dims.ring > 1 else None
     for block in model.blocks:
-        block.attn.core = UlyssesAttention(layout, group, dims.cp)
+        block.attn.core = ContextParallelAttention(layout, uly_group, dims.ulysses, ring_group, dims.ring)
 
 
 def apply_ac(model: VideoDiT) -> None:
@@ -148,7 +232,7 @@ def parallelize(model: VideoDiT, dims: ParallelDims, mesh, activation_checkpoint
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])
     if dims.cp > 1:
-        apply_cp(model, dims, mesh["cp"])
+        apply_cp(model, dims, mesh)
     if activation_checkpointing:
         apply_ac(model)
     if dims.dp_shard > 1 or dims.dp_replicate > 1:
