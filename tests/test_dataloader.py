@@ -230,14 +230,6 @@ def test_build_loader_from_the_data_config_group(shards):
     assert batches and all(b["bucket"] == (8, 32, 48) and b["video"].shape[0] == 4 for b in batches)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("world", "cp", "bad"), [(2, 1, False), (2, 2, False), (4, 2, False), (4, 2, True)])
 def test_ranks_split_by_data_parallel_index_and_peers_see_identical_batches(shards, tmp_path, world, cp, bad):
     import torch.multiprocessing as mp
@@ -248,7 +240,7 @@ def test_ranks_split_by_data_parallel_index_and_peers_see_identical_batches(shar
         folder = str(tmp_path / "bad")
         write_test_shards(Path(folder), seed=1, bad=True)
     out = tmp_path / "ranks.json"
-    mp.start_processes(loader_rank_worker, args=(world, cp, folder, _free_port(), str(out)), nprocs=world,
+    mp.start_processes(loader_rank_worker, args=(world, cp, folder, str(tmp_path / "rendezvous"), str(out)), nprocs=world,
                        join=True, start_method="spawn")
     ranks = json.loads(out.read_text())
     assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) > 0  # every rank: the same number of batches

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch.multiprocessing as mp
 from vfm_testmedia import parallel_equality_worker
 
 from train.parallel_dims import ParallelDims
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 LAYOUTS = {
     "cp2_ulysses": (2, {"cp": 2}),
@@ -35,7 +27,7 @@ LAYOUTS = {
 def test_parallel_forward_gradients_and_20_step_loss_curve_equal_one_device(name, tmp_path):
     world, layout = LAYOUTS[name]
     out = tmp_path / "result.json"
-    mp.start_processes(parallel_equality_worker, args=(world, layout, _port(), str(out)), nprocs=world,
+    mp.start_processes(parallel_equality_worker, args=(world, layout, str(tmp_path / "rendezvous"), str(out)), nprocs=world,
                        join=True, start_method="spawn")
     for rank, result in enumerate(json.loads(out.read_text())):
         assert result["out"] <= 1e-5, (rank, result["out"])

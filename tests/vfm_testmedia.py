@@ -175,7 +175,7 @@ def write_test_shards(folder: Path, seed: int = 0, num_shards: int = 6, per_shar
     return paths
 
 
-def loader_rank_worker(rank: int, world: int, cp: int, folder: str, port: int, out: str) -> None:
+def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: str, out: str) -> None:
     """One rank of a dp x cp layout over gloo: iterate one epoch, gather every rank's batches."""
     import json as _json
 
@@ -183,7 +183,7 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, port: int, o
 
     from dataloader.dataset import Loader, LoaderSettings, VideoBatches
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     settings = LoaderSettings(buckets=[[8, 32, 48], [8, 48, 32], [16, 32, 48]], tokens_per_batch=768,
                               token_size=[1, 8, 8], seed=7, caption_dropout=0.2)
     ds = VideoBatches(folder, settings, dp_rank=rank // cp, dp_size=world // cp, num_epochs=1)
@@ -195,7 +195,7 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, port: int, o
     dist.destroy_process_group()
 
 
-def parallel_equality_worker(rank: int, world: int, layout: dict, port: int, out: str) -> None:
+def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: str, out: str) -> None:
     """One rank: the same weights as a single-device model, parallelized by `layout`; forward output
     and every parameter gradient compared with the single-device model's, written by rank 0."""
     import copy
@@ -208,7 +208,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, port: int, out
     from train.parallel_dims import ParallelDims
     from train.parallelize import parallelize, sync_gradients
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
     ref = build("debug", num_heads=4, hidden_size=64)
     g = torch.Generator().manual_seed(1)
