@@ -240,7 +240,8 @@ def test_ranks_split_by_data_parallel_index_and_peers_see_identical_batches(shar
         folder = str(tmp_path / "bad")
         write_test_shards(Path(folder), seed=1, bad=True)
     out = tmp_path / "ranks.json"
-    mp.start_processes(loader_rank_worker, args=(world, cp, folder, str(tmp_path / "rendezvous"), str(out)), nprocs=world,
+    args = (world, cp, folder, str(tmp_path / "rendezvous"), str(out))
+    mp.start_processes(loader_rank_worker, args=args, nprocs=world,
                        join=True, start_method="spawn")
     ranks = json.loads(out.read_text())
     assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) > 0  # every rank: the same number of batches

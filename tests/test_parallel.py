@@ -27,7 +27,8 @@ LAYOUTS = {
 def test_parallel_forward_gradients_and_20_step_loss_curve_equal_one_device(name, tmp_path):
     world, layout = LAYOUTS[name]
     out = tmp_path / "result.json"
-    mp.start_processes(parallel_equality_worker, args=(world, layout, str(tmp_path / "rendezvous"), str(out)), nprocs=world,
+    args = (world, layout, str(tmp_path / "rendezvous"), str(out))
+    mp.start_processes(parallel_equality_worker, args=args, nprocs=world,
                        join=True, start_method="spawn")
     for rank, result in enumerate(json.loads(out.read_text())):
         assert result["out"] <= 1e-5, (rank, result["out"])
