@@ -1,0 +1,121 @@
+"""Context parallelism on real processes over gloo: per-rank activation memory and bytes
+communicated per layer, for one fixed long sequence, at cp = 1, 2, 4 (Ulysses and ring).
+
+Activation memory: the bytes autograd saves for the backward pass during one forward, counted with
+saved-tensor hooks (what activation memory is, on any device). Communication: the bytes each rank
+sends in the all-to-alls (Ulysses) and ring passes (ring), counted per layer for forward+backward,
+beside what the algorithms should send: Ulysses 4 all-to-alls forward and 4 backward, each sending
+(P-1)/P of a rank's (B, N/P, D) tensor; ring P-1 passes of K and V forward, and of K, V, dK, dV
+backward plus one last dK, dV pass.
+
+    python bench/parallel.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HIDDEN, HEADS, LAYERS = 128, 4, 2
+SHAPE = (1, 3, 8, 48, 48)  # patch (1, 2, 2): 8 * 24 * 24 = 4608 video tokens
+
+
+def worker(rank: int, world: int, kind: str, rendezvous: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import train.parallelize as par
+    from models.dit.model import build
+    from train.parallel_dims import ParallelDims
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    sent = {"bytes": 0}
+    a2a, ring_pass = dist.all_to_all_single, par._ring_pass
+
+    def counting_a2a(output, input, *args, group=None, **kwargs):
+        # The autograd all-to-all calls this in both directions; a rank keeps 1/P of what it holds.
+        p = dist.get_world_size(group)
+        sent["bytes"] += input.numel() * input.element_size() * (p - 1) // p
+        return a2a(output, input, *args, group=group, **kwargs)
+
+    def counting_ring(tensors, group):
+        sent["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+        return ring_pass(tensors, group)
+
+    dist.all_to_all_single, par._ring_pass = counting_a2a, counting_ring
+    torch.manual_seed(0)
+    model = build("debug", hidden_size=HIDDEN, num_heads=HEADS, num_layers=LAYERS)
+    if world > 1:
+        dims = ParallelDims(1, 1, world, 1, world, kind)
+        par.parallelize(model, dims, dims.build_mesh("cpu"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*SHAPE, generator=g)
+    t, y, mask = torch.rand(1, generator=g), torch.randn(1, 8, 384, generator=g), torch.ones(1, 8, dtype=torch.bool)
+
+    seen, saved = set(), {"bytes": 0}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:  # count each buffer once, however many views are saved
+            seen.add(storage.data_ptr())
+            saved["bytes"] += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        pred = model(x, t, y, mask)
+    pred.square().mean().backward()
+    result = {"saved_bytes": saved["bytes"], "sent_bytes_per_layer": sent["bytes"] / LAYERS}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def run(world: int, kind: str) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        mp.start_processes(worker, args=(world, kind, str(Path(tmp) / "rdzv"), str(out)), nprocs=world,
+                           join=True, start_method="spawn")
+        ranks = json.loads(out.read_text())
+    return {"saved": max(r["saved_bytes"] for r in ranks), "sent": max(r["sent_bytes_per_layer"] for r in ranks)}
+
+
+def expected_bytes(kind: str, p: int) -> float:
+    """What one rank should send per layer, forward + backward (fp32)."""
+    n = SHAPE[2] * SHAPE[3] // 2 * SHAPE[4] // 2
+    local = SHAPE[0] * (-(-n // p)) * HIDDEN * 4  # one (B, N/P, D) tensor
+    if kind == "ulysses":
+        return 8 * local * (p - 1) / p
+    return (2 * (p - 1) + 4 * (p - 1) + 2) * local
+
+
+def main() -> None:
+    base = run(1, "ulysses")
+    rows, figures = [], {}
+    for kind in ("ulysses", "ring"):
+        for p in (2, 4):
+            r = run(p, kind)
+            ratio = r["saved"] / base["saved"]
+            rows.append((kind, p, r["saved"], ratio, r["sent"], expected_bytes(kind, p)))
+            figures[f"act_mem_ratio_{kind}_cp{p}"] = round(ratio, 3)
+            figures[f"sent_mib_per_layer_{kind}_cp{p}"] = round(r["sent"] / 2**20, 3)
+    n = SHAPE[2] * SHAPE[3] // 2 * SHAPE[4] // 2
+    print(f"model hidden {HIDDEN}, {HEADS} heads, {LAYERS} layers; {n} video tokens; fp32 on CPU over gloo")
+    print(f"cp=1: {base['saved'] / 2**20:.1f} MiB saved for backward")
+    print(f"{'kind':8s} {'cp':>3s} {'act MiB':>9s} {'vs cp=1':>8s} {'target':>7s} {'sent MiB/layer':>15s} {'expected':>9s}")
+    for kind, p, saved, ratio, sent, exp in rows:
+        target = {2: "<=0.60", 4: "<=0.35"}[p]
+        print(f"{kind:8s} {p:3d} {saved / 2**20:9.1f} {ratio:8.3f} {target:>7s} {sent / 2**20:15.3f} {exp / 2**20:9.3f}")
+    print(json.dumps({"bench": "parallel", "tokens": n, **figures}))
+
+
+if __name__ == "__main__":
+    main()
