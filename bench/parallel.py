@@ -110,10 +110,12 @@ def main() -> None:
     n = SHAPE[2] * SHAPE[3] // 2 * SHAPE[4] // 2
     print(f"model hidden {HIDDEN}, {HEADS} heads, {LAYERS} layers; {n} video tokens; fp32 on CPU over gloo")
     print(f"cp=1: {base['saved'] / 2**20:.1f} MiB saved for backward")
-    print(f"{'kind':8s} {'cp':>3s} {'act MiB':>9s} {'vs cp=1':>8s} {'target':>7s} {'sent MiB/layer':>15s} {'expected':>9s}")
+    header = ("kind", "cp", "act MiB", "vs cp=1", "target", "sent MiB/layer", "expected")
+    print("{:8s} {:>3s} {:>9s} {:>8s} {:>7s} {:>15s} {:>9s}".format(*header))
     for kind, p, saved, ratio, sent, exp in rows:
         target = {2: "<=0.60", 4: "<=0.35"}[p]
-        print(f"{kind:8s} {p:3d} {saved / 2**20:9.1f} {ratio:8.3f} {target:>7s} {sent / 2**20:15.3f} {exp / 2**20:9.3f}")
+        mib = 2**20
+        print(f"{kind:8s} {p:3d} {saved / mib:9.1f} {ratio:8.3f} {target:>7s} {sent / mib:15.3f} {exp / mib:9.3f}")
     print(json.dumps({"bench": "parallel", "tokens": n, **figures}))
 
 
