@@ -20,6 +20,8 @@ LAYOUTS = {
     "cp2_ring": (2, {"cp": 2, "cp_kind": "ring"}),
     "cp2_ring_uneven": (2, {"cp": 2, "cp_kind": "ring", "thw": (3, 6, 10)}),
     "cp4_hybrid": (4, {"cp": 4, "cp_kind": "hybrid", "thw": (3, 6, 10)}),  # Ulysses pairs, ring across
+    "cp2_ring_checkpointed": (2, {"cp": 2, "cp_kind": "ring", "ac": True}),  # recompute runs the ring again
+    "dp_replicate2_dp_shard2": (4, {"dp_replicate": 2, "dp_shard": 2}),  # HSDP
 }
 
 

@@ -229,10 +229,10 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     out_ref = ref(x, t, y, mask)
     (out_ref * weight).sum().div(b).backward()
 
-    dims = ParallelDims(1, layout.get("dp_shard", 1), layout.get("cp", 1), layout.get("tp", 1), world,
-                        layout.get("cp_kind", "ulysses"))
+    dims = ParallelDims(layout.get("dp_replicate", 1), layout.get("dp_shard", 1), layout.get("cp", 1),
+                        layout.get("tp", 1), world, layout.get("cp_kind", "ulysses"))
     mesh = dims.build_mesh("cpu")
-    parallelize(par, dims, mesh)
+    parallelize(par, dims, mesh, activation_checkpointing=layout.get("ac", False))
     dp_rank, dp = mesh["dp"].get_local_rank(), dims.dp
     sl = slice(dp_rank * b // dp, (dp_rank + 1) * b // dp)  # each data-parallel rank: its part of the batch
     out_par = par(x[sl], t[sl], y[sl], mask[sl])
