@@ -25,9 +25,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from _peak_rss import PeakRSS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -152,39 +153,6 @@ def decode_floor(paths: list[str]) -> None:
             s.thread_type = "AUTO"
             for _ in c.decode(s):
                 pass
-
-
-class PeakRSS:
-    """Peak summed RSS of a process and all its descendants, sampled every 50 ms."""
-
-    def __init__(self, pid: int):
-        import psutil
-
-        self.proc, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                procs = [self.proc, *self.proc.children(recursive=True)]
-                total = 0
-                for p in procs:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak = max(self.peak, total)
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def run_vfm(inputs: Path, out: Path) -> tuple[float, int, dict]:

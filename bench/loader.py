@@ -20,11 +20,11 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
+from _peak_rss import PeakRSS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,29 +128,6 @@ def loader_peak_rss(spec: str) -> int:
     rss = PeakRSS(proc.pid)
     proc.wait()
     return rss.stop()
-
-
-class PeakRSS:
-    def __init__(self, pid: int):
-        import psutil
-
-        self.proc, self.peak, self.stop_flag = psutil.Process(pid), 0, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop_flag.is_set():
-            try:
-                procs = [self.proc, *self.proc.children(recursive=True)]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs))
-            except Exception:  # a worker exiting between listing and reading
-                pass
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self.stop_flag.set()
-        self.thread.join()
-        return self.peak
 
 
 def main() -> None:

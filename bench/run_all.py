@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
     args = parser.parse_args(argv)
-    scripts = sorted(p for p in BENCH_DIR.glob("*.py") if p.name != Path(__file__).name)
+    scripts = sorted(p for p in BENCH_DIR.glob("*.py") if p.name != Path(__file__).name and not p.name.startswith("_"))
     if args.names:
         unknown = set(args.names) - {p.stem for p in scripts}
         if unknown:

@@ -41,9 +41,6 @@ def attributes_caption(scores: dict) -> str:
 
 
 class AttributesCaptioner:
-    def __init__(self, cfg=None):
-        pass
-
     def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
         return [(attributes_caption(c["scores"]), "attributes") for c in clips]
 
@@ -153,7 +150,7 @@ def check_vlm(cfg) -> None:
 
 def build_captioner(cfg):
     if cfg.name == "attributes":
-        return AttributesCaptioner(cfg)
+        return AttributesCaptioner()
     if cfg.name == "sidecar":
         return SidecarCaptioner(cfg)
     if cfg.name == "vlm":
