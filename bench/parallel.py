@@ -74,6 +74,7 @@ def worker(rank: int, world: int, kind: str, rendezvous: str, out: str) -> None:
     dist.all_gather_object(gathered, result)
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
+    dist.barrier()  # every rank's sends done before any tears its process group down
     dist.destroy_process_group()
 
 

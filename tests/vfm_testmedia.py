@@ -179,10 +179,12 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
     """One rank of a dp x cp layout over gloo: iterate one epoch, gather every rank's batches."""
     import json as _json
 
+    import torch
     import torch.distributed as dist
 
     from dataloader.dataset import Loader, LoaderSettings, VideoBatches
 
+    torch.set_num_threads(1)  # several ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     settings = LoaderSettings(buckets=[[8, 32, 48], [8, 48, 32], [16, 32, 48]], tokens_per_batch=768,
                               token_size=[1, 8, 8], seed=7, caption_dropout=0.2)
@@ -192,6 +194,7 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
     dist.all_gather_object(gathered, batches)
     if rank == 0:
         Path(out).write_text(_json.dumps(gathered))
+    dist.barrier()  # every rank's sends done before any tears its process group down
     dist.destroy_process_group()
 
 
@@ -208,6 +211,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     from train.parallel_dims import ParallelDims
     from train.parallelize import parallelize, sync_gradients
 
+    torch.set_num_threads(1)  # several ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
     ref = build("debug", num_heads=4, hidden_size=64)
@@ -271,4 +275,5 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     dist.all_gather_object(gathered, result)
     if rank == 0:
         Path(out).write_text(_json.dumps(gathered))
+    dist.barrier()  # every rank's sends done before any tears its process group down
     dist.destroy_process_group()
