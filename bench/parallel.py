@@ -14,6 +14,7 @@ backward plus one last dK, dV pass.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -74,8 +75,10 @@ def worker(rank: int, world: int, kind: str, rendezvous: str, out: str) -> None:
     dist.all_gather_object(gathered, result)
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
-    dist.barrier()  # every rank's sends done before any tears its process group down
-    dist.destroy_process_group()
+    dist.barrier()  # every rank's sends done, and rank 0's results written, before anyone leaves
+    # Leave without interpreter teardown: gloo's threads can abort a process that destroys its
+    # group at exit ("terminate called without an active exception") after all the work is done.
+    os._exit(0)
 
 
 def run(world: int, kind: str) -> dict:

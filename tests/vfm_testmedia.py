@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -194,8 +195,10 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
     dist.all_gather_object(gathered, batches)
     if rank == 0:
         Path(out).write_text(_json.dumps(gathered))
-    dist.barrier()  # every rank's sends done before any tears its process group down
-    dist.destroy_process_group()
+    dist.barrier()  # every rank's sends done, and rank 0's results written, before anyone leaves
+    # Leave without interpreter teardown: gloo's threads can abort a process that destroys its
+    # group at exit ("terminate called without an active exception") after all the work is done.
+    os._exit(0)
 
 
 def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: str, out: str) -> None:
@@ -275,5 +278,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     dist.all_gather_object(gathered, result)
     if rank == 0:
         Path(out).write_text(_json.dumps(gathered))
-    dist.barrier()  # every rank's sends done before any tears its process group down
-    dist.destroy_process_group()
+    dist.barrier()  # every rank's sends done, and rank 0's results written, before anyone leaves
+    # Leave without interpreter teardown: gloo's threads can abort a process that destroys its
+    # group at exit ("terminate called without an active exception") after all the work is done.
+    os._exit(0)
