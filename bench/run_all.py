@@ -10,6 +10,7 @@ each script's table and figures, with the machine they were measured on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -25,13 +26,11 @@ def machine() -> str:
     import torch
 
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError):  # no /proc/cpuinfo: keep the platform's name
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{cpu}, {os.cpu_count()} cores, {gpu}, Python {platform.python_version()}, torch {torch.__version__}"
 
@@ -41,12 +40,9 @@ def run(script: Path) -> tuple[str, dict | None, int]:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = proc.stdout.rstrip().splitlines()
     figures = None
-    if lines:
-        try:
-            figures = json.loads(lines[-1])
-            lines = lines[:-1]
-        except json.JSONDecodeError:
-            pass
+    with contextlib.suppress(IndexError, json.JSONDecodeError):  # no figures line: the run failed
+        figures = json.loads(lines[-1])
+        lines = lines[:-1]
     return "\n".join(lines), figures, proc.returncode
 
 

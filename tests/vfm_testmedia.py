@@ -176,9 +176,24 @@ def write_test_shards(folder: Path, seed: int = 0, num_shards: int = 6, per_shar
     return paths
 
 
+def _finish_rank(result, world: int, rank: int, out: str) -> None:
+    """Gather every rank's result into `out` (written by rank 0), then leave. The exit skips
+    interpreter teardown: gloo's threads can abort a process that destroys its group at exit
+    ("terminate called without an active exception") after all the work is done."""
+    import json as _json
+
+    import torch.distributed as dist
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        Path(out).write_text(_json.dumps(gathered))
+    dist.barrier()  # rank 0's file is written before anyone leaves
+    os._exit(0)
+
+
 def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: str, out: str) -> None:
     """One rank of a dp x cp layout over gloo: iterate one epoch, gather every rank's batches."""
-    import json as _json
 
     import torch
     import torch.distributed as dist
@@ -191,21 +206,13 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
                               token_size=[1, 8, 8], seed=7, caption_dropout=0.2)
     ds = VideoBatches(folder, settings, dp_rank=rank // cp, dp_size=world // cp, num_epochs=1)
     batches = [(b["key"], b["text"], float(b["video"].double().sum())) for b in Loader(ds, num_workers=1)]
-    gathered = [None] * world
-    dist.all_gather_object(gathered, batches)
-    if rank == 0:
-        Path(out).write_text(_json.dumps(gathered))
-    dist.barrier()  # every rank's sends done, and rank 0's results written, before anyone leaves
-    # Leave without interpreter teardown: gloo's threads can abort a process that destroys its
-    # group at exit ("terminate called without an active exception") after all the work is done.
-    os._exit(0)
+    _finish_rank(batches, world, rank, out)
 
 
 def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: str, out: str) -> None:
     """One rank: the same weights as a single-device model, parallelized by `layout`; forward output
     and every parameter gradient compared with the single-device model's, written by rank 0."""
     import copy
-    import json as _json
 
     import torch
     import torch.distributed as dist
@@ -274,11 +281,4 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
         curves[0].append(loss_ref.item())
         curves[1].append(total.item() / (world // dp) / dp)
     result["curve_ref"], result["curve_par"] = curves
-    gathered = [None] * world
-    dist.all_gather_object(gathered, result)
-    if rank == 0:
-        Path(out).write_text(_json.dumps(gathered))
-    dist.barrier()  # every rank's sends done, and rank 0's results written, before anyone leaves
-    # Leave without interpreter teardown: gloo's threads can abort a process that destroys its
-    # group at exit ("terminate called without an active exception") after all the work is done.
-    os._exit(0)
+    _finish_rank(result, world, rank, out)
