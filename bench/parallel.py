@@ -1,5 +1,6 @@
 """Context parallelism on real processes over gloo: per-rank activation memory and bytes
-communicated per layer, for one fixed long sequence, at cp = 1, 2, 4 (Ulysses and ring).
+communicated per layer, for one fixed long sequence, at cp = 1, 2, 4 (Ulysses and ring); and the
+activation memory of tensor parallelism at tp = 2 without and with sequence parallelism.
 
 Activation memory: the bytes autograd saves for the backward pass during one forward, counted with
 saved-tensor hooks (what activation memory is, on any device). Communication: the bytes each rank
@@ -51,7 +52,10 @@ def worker(rank: int, world: int, kind: str, rendezvous: str, out: str) -> None:
     dist.all_to_all_single, par._ring_pass = counting_a2a, counting_ring
     torch.manual_seed(0)
     model = build("debug", hidden_size=HIDDEN, num_heads=HEADS, num_layers=LAYERS)
-    if world > 1:
+    if world > 1 and kind.startswith("tp"):
+        dims = ParallelDims(1, 1, 1, world, world, sequence_parallel=kind == "tp_sp")
+        par.parallelize(model, dims, dims.build_mesh("cpu"))
+    elif world > 1:
         dims = ParallelDims(1, 1, world, 1, world, kind)
         par.parallelize(model, dims, dims.build_mesh("cpu"))
     g = torch.Generator().manual_seed(0)
@@ -61,10 +65,14 @@ def worker(rank: int, world: int, kind: str, rendezvous: str, out: str) -> None:
     seen, saved = set(), {"bytes": 0}
 
     def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:  # count each buffer once, however many views are saved
-            seen.add(storage.data_ptr())
-            saved["bytes"] += storage.nbytes()
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
+        try:
+            key, nbytes = local.untyped_storage().data_ptr(), local.untyped_storage().nbytes()
+        except RuntimeError:  # a tensor without an accessible storage: count its own bytes
+            key, nbytes = id(local), local.numel() * local.element_size()
+        if key not in seen:  # count each buffer once, however many views are saved
+            seen.add(key)
+            saved["bytes"] += nbytes
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -111,6 +119,8 @@ def main() -> None:
             rows.append((kind, p, r["saved"], ratio, r["sent"], expected_bytes(kind, p)))
             figures[f"act_mem_ratio_{kind}_cp{p}"] = round(ratio, 3)
             figures[f"sent_mib_per_layer_{kind}_cp{p}"] = round(r["sent"] / 2**20, 3)
+    tp = {kind: run(2, kind)["saved"] / base["saved"] for kind in ("tp", "tp_sp")}
+    figures.update({f"act_mem_ratio_{kind}2": round(ratio, 3) for kind, ratio in tp.items()})
     n = SHAPE[2] * SHAPE[3] // 2 * SHAPE[4] // 2
     print(f"model hidden {HIDDEN}, {HEADS} heads, {LAYERS} layers; {n} video tokens; fp32 on CPU over gloo")
     print(f"cp=1: {base['saved'] / 2**20:.1f} MiB saved for backward")
@@ -120,6 +130,8 @@ def main() -> None:
         target = {2: "<=0.60", 4: "<=0.35"}[p]
         mib = 2**20
         print(f"{kind:8s} {p:3d} {saved / mib:9.1f} {ratio:8.3f} {target:>7s} {sent / mib:15.3f} {exp / mib:9.3f}")
+    print(f"tp=2 activation memory vs one device: {tp['tp']:.3f} without sequence parallel, "
+          f"{tp['tp_sp']:.3f} with it")
     print(json.dumps({"bench": "parallel", "tokens": n, **figures}))
 
 

@@ -174,6 +174,7 @@ class ParallelConfig:
     cp: int = 1
     tp: int = 1
     cp_kind: str = "ulysses"  # ulysses | ring | hybrid (Ulysses inside groups, ring across)
+    sequence_parallel: bool = False  # with tp > 1: norms, modulation and residuals on 1/tp of the tokens
     activation_checkpointing: bool = False
     compile: bool = False
 

@@ -14,6 +14,9 @@ LAYOUTS = {
     "cp2_ulysses": (2, {"cp": 2}),
     "cp2_ulysses_uneven": (2, {"cp": 2, "thw": (3, 6, 10)}),  # 45 tokens: padded and masked
     "tp2": (2, {"tp": 2}),
+    "tp2_sequence_parallel_uneven": (2, {"tp": 2, "sp": True, "thw": (3, 6, 10)}),  # 45 tokens in chunks of 23
+    "cp2_tp2_sequence_parallel": (4, {"cp": 2, "tp": 2, "sp": True, "thw": (3, 6, 10)}),
+    "tp2_sequence_parallel_checkpointed": (2, {"tp": 2, "sp": True, "ac": True}),
     "dp_shard2": (2, {"dp_shard": 2}),
     "cp2_tp2": (4, {"cp": 2, "tp": 2}),
     "cp4_ulysses_uneven": (4, {"cp": 4, "thw": (1, 6, 6)}),  # 9 tokens over 4 ranks

@@ -244,7 +244,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     (out_ref * weight).sum().div(b).backward()
 
     dims = ParallelDims(layout.get("dp_replicate", 1), layout.get("dp_shard", 1), layout.get("cp", 1),
-                        layout.get("tp", 1), world, layout.get("cp_kind", "ulysses"))
+                        layout.get("tp", 1), world, layout.get("cp_kind", "ulysses"), layout.get("sp", False))
     mesh = dims.build_mesh("cpu")
     parallelize(par, dims, mesh, activation_checkpointing=layout.get("ac", False))
     dp_rank, dp = mesh["dp"].get_local_rank(), dims.dp

@@ -23,6 +23,7 @@ class ParallelDims:
     tp: int
     world_size: int
     cp_kind: str = "ulysses"
+    sequence_parallel: bool = False  # TP ranks also split the tokens between their projections
 
     def __post_init__(self):
         degrees = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
@@ -42,7 +43,8 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, cfg, world_size: int) -> ParallelDims:
-        return cls(cfg.dp_replicate, cfg.dp_shard, cfg.cp, cfg.tp, world_size, cfg.cp_kind)
+        return cls(cfg.dp_replicate, cfg.dp_shard, cfg.cp, cfg.tp, world_size, cfg.cp_kind,
+                   cfg.get("sequence_parallel", False))
 
     @property
     def dp(self) -> int:

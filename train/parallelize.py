@@ -1,5 +1,6 @@
 """Parallelism applied to a single-device VideoDiT from outside, in torchtitan's order:
-tensor parallel, then context parallel, then activation checkpointing, then FSDP2.
+tensor parallel (optionally with sequence parallel), then context parallel, then activation
+checkpointing, then FSDP2.
 
     parallelize(model, dims, mesh)      # before training
     loss.backward(); sync_gradients(model, dims, mesh)
@@ -7,13 +8,20 @@ tensor parallel, then context parallel, then activation checkpointing, then FSDP
 Context parallelism splits the video tokens over the `cp` ranks. Each rank keeps every P-th token
 (P = cp; the sequence padded to a multiple of P), so no rank holds more than one real token more
 than another, computes its tokens' rotary positions, and attends to the whole sequence through a
-replaced `AttentionCore`; text keys stay whole on every rank; the final outputs are gathered so the
-loss sees every token. Implemented here: Ulysses (all-to-all from sequence shards to head shards and
-back). Ring attention and the Ulysses x ring hybrid are not implemented yet: asking for them is an
-error that says so.
+replaced `AttentionCore`: Ulysses (all-to-all from sequence shards to head shards and back), ring
+(key/value blocks passed round the ring, online-softmax merge, dK/dV sent home in backward) or the
+two combined. Text keys stay whole on every rank; the final outputs are gathered so the loss sees
+every token.
+
+Tensor parallelism shards attention heads and the MLP's hidden units (DTensor plans). Sequence
+parallelism (Megatron-LM's) adds to it: between the projections, the TP ranks of a block each hold
+a contiguous 1/tp of the tokens, so norms, modulation and residuals run on a chunk; an all-gather
+enters each column-parallel projection and a reduce-scatter leaves each row-parallel one.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.distributed as dist
@@ -188,16 +196,140 @@ class ContextParallelAttention(AttentionCore):
         return self._to_sequence(out)
 
 
-def apply_tp(model: VideoDiT, tp_mesh) -> None:
+def apply_tp(model: VideoDiT, tp_mesh, sequence_parallel: bool = False) -> None:
+    """Heads and MLP hidden units over the TP ranks: q/k/v and fc1 column-wise, the output
+    projections row-wise. Without sequence parallelism the row-wise outputs are all-reduced; with it
+    they stay partial sums, reduce-scattered into token chunks by `apply_sequence_parallel`."""
+    from torch.distributed.tensor import Partial
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    def rowwise():
+        return RowwiseParallel(output_layouts=Partial()) if sequence_parallel else RowwiseParallel()
 
     plan = {}
     for attn in ("attn", "cross_attn"):
         plan.update({f"{attn}.to_q": ColwiseParallel(), f"{attn}.to_k": ColwiseParallel(),
-                     f"{attn}.to_v": ColwiseParallel(), f"{attn}.to_out": RowwiseParallel()})
-    plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
+                     f"{attn}.to_v": ColwiseParallel(), f"{attn}.to_out": rowwise()})
+    plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": rowwise()})
     for block in model.blocks:
         parallelize_module(block, tp_mesh, plan)
+    if sequence_parallel:
+        apply_sequence_parallel(model, tp_mesh)
+
+
+# --- sequence parallelism inside tensor parallelism ----------------------------------------------
+
+
+def _gather_chunks(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """(B, m, D) on each rank -> (B, size*m, D), rank order."""
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+class _EnterSequenceParallel(torch.autograd.Function):
+    """Every TP rank holds the same (B, n, D); keep this rank's chunk of n padded to a multiple of
+    tp. Backward all-gathers the chunks' gradients, so what came before gets the full gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size):
+        n = x.shape[1]
+        m = -(-n // size)
+        ctx.group, ctx.size, ctx.n = group, size, n
+        x = F.pad(x, (0, 0, 0, m * size - n))
+        return x[:, rank * m:(rank + 1) * m].contiguous()  # (B, m, D)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_chunks(grad, ctx.group, ctx.size)[:, :ctx.n], None, None, None
+
+
+class _GatherChunks(torch.autograd.Function):
+    """Chunks (B, m, D) -> the n tokens (B, n, D) on every TP rank, before a column-parallel
+    projection or the replicated final layer. Both give every rank the same full input gradient
+    (DTensor all-reduces a column-parallel input's gradient), so backward keeps this rank's chunk."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, n):
+        ctx.rank, ctx.m, ctx.pad = rank, x.shape[1], x.shape[1] * size - n
+        return _gather_chunks(x, group, size)[:, :n]
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = F.pad(grad, (0, 0, 0, ctx.pad))
+        return grad[:, ctx.rank * ctx.m:(ctx.rank + 1) * ctx.m].contiguous(), None, None, None, None
+
+
+class _ReduceScatterChunks(torch.autograd.Function):
+    """A row-parallel projection's partial sums (B, n, D) -> this rank's chunk of their total,
+    (B, m, D). Backward all-gathers the chunks' gradients: each partial sum's full gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size):
+        b, n, d = x.shape
+        m = -(-n // size)
+        ctx.group, ctx.size, ctx.n = group, size, n
+        padded = x.new_zeros(b, m * size, d)
+        padded[:, :n] = x
+        if dist.get_backend(group) == "gloo":  # gloo has no reduce-scatter: sum everything, keep a chunk
+            dist.all_reduce(padded, group=group)
+            return padded[:, rank * m:(rank + 1) * m].contiguous()
+        out = x.new_empty(b, m, d)
+        dist.reduce_scatter_tensor(out, padded.view(b, size, m, d).transpose(0, 1).contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_chunks(grad, ctx.group, ctx.size)[:, :ctx.n], None, None, None
+
+
+class _AllReduceGradient(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over the TP ranks. For values computed whole on
+    every rank (the modulation vectors) but used on one chunk of the tokens each."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def apply_sequence_parallel(model: VideoDiT, tp_mesh) -> None:
+    """Hooks around the blocks' projections (after `apply_tp`); the model code is unchanged."""
+    group, rank, size = tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size()
+    tokens = {}  # n, the token count before chunking, set on entry and read by every gather
+
+    def enter(_, args):
+        tokens["n"] = args[0].shape[1]
+        return (_EnterSequenceParallel.apply(args[0], group, rank, size), *args[1:])
+
+    def gather(_, args):
+        return (_GatherChunks.apply(args[0], group, rank, size, tokens["n"]), *args[1:])
+
+    def scatter(_, args, out):
+        return _ReduceScatterChunks.apply(out, group, rank, size)
+
+    def reduce_gradients(_, args, out):
+        return [_AllReduceGradient.apply(o, group) for o in out]
+
+    model.blocks[0].register_forward_pre_hook(enter)
+    for block in model.blocks:
+        for module in (block.attn, block.cross_attn, block.mlp):
+            module.register_forward_pre_hook(gather)
+            module.register_forward_hook(scatter)
+        block.modulation.register_forward_hook(reduce_gradients)
+    model.final.register_forward_pre_hook(gather)
+
+
+def _sequence_parallel_partial(name: str) -> bool:
+    """Replicated block parameters that see one chunk of the tokens under sequence parallelism (the
+    affine norms): their gradients are partial sums over the TP ranks."""
+    return re.search(r"blocks\.\d+\.(.+\.)?norm\d\.", name) is not None
 
 
 def apply_cp(model: VideoDiT, dims: ParallelDims, mesh) -> None:
@@ -230,7 +362,7 @@ def parallelize(model: VideoDiT, dims: ParallelDims, mesh, activation_checkpoint
                 compile: bool = False) -> VideoDiT:
     dims.check_model(model.config.num_heads)
     if dims.tp > 1:
-        apply_tp(model, mesh["tp"])
+        apply_tp(model, mesh["tp"], dims.sequence_parallel)
     if dims.cp > 1:
         apply_cp(model, dims, mesh)
     if activation_checkpointing:
@@ -249,7 +381,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def sync_gradients(model: nn.Module, dims: ParallelDims, mesh) -> None:
     """Sum what data parallelism does not: every gradient over the CP ranks (each saw a slice of the
-    tokens), and QK-norm weights over the TP ranks (each saw a slice of the heads)."""
+    tokens), QK-norm weights over the TP ranks (each saw a slice of the heads) and, with sequence
+    parallelism, the blocks' affine norms over the TP ranks (each saw a chunk of the tokens)."""
     if dims.cp > 1:
         group = mesh["cp"].get_group()
         for p in model.parameters():
@@ -258,5 +391,6 @@ def sync_gradients(model: nn.Module, dims: ParallelDims, mesh) -> None:
     if dims.tp > 1:
         group = mesh["tp"].get_group()
         for name, p in model.named_parameters():
-            if p.grad is not None and (".q_norm." in name or ".k_norm." in name):
+            partial = ".q_norm." in name or ".k_norm." in name
+            if p.grad is not None and (partial or (dims.sequence_parallel and _sequence_parallel_partial(name))):
                 dist.all_reduce(_local(p.grad), group=group)
