@@ -244,11 +244,14 @@ class DiffusersAutoencoderConfig:
 
 @dataclass
 class OptimConfig:
+    """AdamW with linear warmup then cosine decay to `min_lr_ratio * lr` at `num_steps`."""
+
     lr: float = 1e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # never applied to norms, biases and embeddings
     warmup_steps: int = 100
-    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     grad_accum_steps: int = 1
     ema_decay: float = 0.999
 
@@ -256,17 +259,19 @@ class OptimConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = 500
-    num_keep: int = 3
-    resume: str = "auto"  # auto | none | a checkpoint directory
+    num_keep: int = 3  # the newest complete checkpoints kept; older ones are deleted
+    resume: str = "auto"  # auto (the newest complete one under run_dir, if any) | none | a checkpoint directory
 
 
 @dataclass
 class TrainConfig:
-    run_dir: str = MISSING
+    run_dir: str = MISSING  # checkpoints/, metrics.jsonl, tensorboard/ and loss.png go here
     num_steps: int = MISSING
-    batch_size: int = 1
     seed: int = 0
-    log_every_steps: int = 1
+    log_every_steps: int = 1  # plain log lines (off a terminal) and TensorBoard points
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU | fp32 | bf16
+    max_nonfinite_steps: int = 10  # consecutive NaN/Inf steps (each skipped) before the run stops
+    peak_flops: float | None = None  # per device, for MFU; None: a table for known GPUs, a measured fp32 matmul on CPU
     model: ModelConfig = MISSING
     parallel: ParallelConfig = MISSING
     data: DataConfig = MISSING

@@ -216,6 +216,14 @@ class VideoBatches(IterableDataset):
                 f.close()
 
 
+def _leave_signals_to_the_trainer(worker_id: int) -> None:
+    """A launcher's SIGTERM (or a terminal's Ctrl-C) goes to the whole process group. The trainer
+    answers it with a checkpoint, during which a worker killed by it would abort the trainer; so
+    workers leave the group. They still end with the trainer: the DataLoader shuts them down, and
+    they watch for its exit."""
+    os.setpgrp()
+
+
 class Loader:
     """A DataLoader over `VideoBatches` that remembers what the trainer has taken, for checkpoints:
     `state_dict()` after k batches, `load_state_dict()` in a new process, and the next batch is
@@ -230,7 +238,8 @@ class Loader:
 
     def __iter__(self):
         self.dataset.start = self.position
-        kwargs = {"prefetch_factor": self.prefetch_factor, "persistent_workers": False} if self.num_workers else {}
+        kwargs = {"prefetch_factor": self.prefetch_factor, "persistent_workers": False,
+                  "worker_init_fn": _leave_signals_to_the_trainer} if self.num_workers else {}
         loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers, **kwargs)
         for batch in loader:
             batch["bucket"] = tuple(batch["bucket"])  # the DataLoader hands sequences back as lists

@@ -25,6 +25,9 @@ class TextEncoder(nn.Module):
     def __init__(self, path: str, max_length: int = 64):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # a bar per load is noise in every stage's log
 
         if not os.path.isdir(path):
             raise FileNotFoundError(f"text encoder folder {path!r} does not exist")

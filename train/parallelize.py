@@ -22,6 +22,7 @@ enters each column-parallel projection and a reduce-scatter leaves each row-para
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -82,7 +83,9 @@ class StridedTokenLayout(TokenLayout):
 def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     """Exchange the chunks of dim 0 between the ranks of `group` (chunk i goes to rank i)."""
     x = x.contiguous()  # before empty_like, which would copy a transposed view's strides
-    return dist_nn.all_to_all_single(torch.empty_like(x), x, group=group)
+    with warnings.catch_warnings():  # deprecated in favour of the functional collectives; still correct
+        warnings.simplefilter("ignore", FutureWarning)
+        return dist_nn.all_to_all_single(torch.empty_like(x), x, group=group)
 
 
 def _ring_pass(tensors: list[torch.Tensor], group) -> list[torch.Tensor]:

@@ -1,0 +1,29 @@
+"""`vfm-train run_dir=<dir> data.shards=<curated dir> [key=value ...]`: see train/main.py."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import hydra
+from omegaconf import DictConfig
+
+import conf.schema  # noqa: F401  (registers the structured configs)
+from train.main import run
+
+
+@hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    code = run(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    # torch 2.10+ deprecates slicing flattened axes (mesh["dp"]) for a later release; it works now.
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+    _app()
+
+
+if __name__ == "__main__":
+    main()
