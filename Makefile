@@ -7,6 +7,9 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 SMOKE_DIR ?= smoke
 PYTEST_ARGS ?=
+# Small buckets so that a few training steps take seconds on 2 CPU cores.
+SMOKE_TRAIN ?= 'data.buckets=[[8,32,32],[8,32,56],[8,56,32]]' data.tokens_per_batch=8192 data.num_workers=1 \
+  optim.warmup_steps=2 checkpoint.every_steps=2
 
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.vfm-setup
@@ -37,9 +40,18 @@ smoke: setup ## Run every stage that exists end to end on tiny videos
 	$(VENV)/bin/vfm-curate input=$(SMOKE_DIR)/media output=$(SMOKE_DIR)/curated
 	@$(PY) -c "import json; s = json.load(open('$(SMOKE_DIR)/curated/summary.json')); \
 	  print('curation summary:', {k: s[k] for k in ('inputs', 'errors', 'clips', 'kept', 'drop_reasons', 'hours_out')})"
+	@echo "== train 4 steps: 2 processes, context parallel (cp=2, Ulysses); checkpoints every 2 steps"
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m train run_dir=$(SMOKE_DIR)/run \
+	  data.shards=$(SMOKE_DIR)/curated parallel=cp2_ulysses num_steps=4 $(SMOKE_TRAIN)
+	@echo "== resume from the newest checkpoint and train to step 6"
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m train run_dir=$(SMOKE_DIR)/run \
+	  data.shards=$(SMOKE_DIR)/curated parallel=cp2_ulysses num_steps=6 $(SMOKE_TRAIN)
+	$(VENV)/bin/vfm-export $(SMOKE_DIR)/run $(SMOKE_DIR)/export
 	@echo "smoke outputs:"
 	@echo "  test media and ground truth: $(SMOKE_DIR)/media (ground_truth.json)"
 	@echo "  curated shards, manifest and summary: $(SMOKE_DIR)/curated (shards/, manifest.jsonl, summary.json)"
+	@echo "  training run: $(SMOKE_DIR)/run (checkpoints/, metrics.jsonl, tensorboard/, loss.png)"
+	@echo "  exported model (EMA weights): $(SMOKE_DIR)/export (transformer/, vfm.yaml)"
 
 lint: setup ## Check style with ruff
 	$(VENV)/bin/ruff check .

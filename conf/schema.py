@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 CONF_DIR = Path(__file__).parent
-STAGES = ("curate", "train", "sample", "serve")
+STAGES = ("curate", "encode", "train", "sample", "serve")
 
 
 # --- curation groups --------------------------------------------------------------------------
@@ -283,6 +283,20 @@ class TrainConfig:
 
 
 @dataclass
+class EncodeConfig:
+    """vfm-encode: shards in, the same shards with `latent.npy` and `text_emb.npy` out."""
+
+    input: str = MISSING  # shards: a curated output dir, a glob, a {a..b} pattern
+    output: str = MISSING  # <output>/shards/*.tar, encode.jsonl, summary.json
+    batch_size: int = 4  # samples of one shape per encoder call
+    num_workers: int | None = None  # encoder actors; None: one per CPU of the Ray cluster (or per GPU)
+    data: DataConfig = MISSING  # buckets, fps, frame_stride: the clip each sample is encoded as
+    text_encoder: Any = MISSING
+    autoencoder: Any = MISSING
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
 class SampleConfig:
     checkpoint: str = MISSING
     prompt: str = MISSING
@@ -350,6 +364,7 @@ OPTION_SCHEMAS = {
 }
 STAGE_SCHEMAS = {
     "curate": CurateConfig,
+    "encode": EncodeConfig,
     "train": TrainConfig,
     "sample": SampleConfig,
     "serve": ServeConfig,

@@ -190,7 +190,7 @@ def summarize(out: OutputDir, cfg: DictConfig, wall_s: float) -> dict:
     }
 
 
-def _init_ray(cfg: DictConfig):
+def init_ray(cfg: DictConfig):
     import ray
 
     if not ray.is_initialized():
@@ -214,7 +214,7 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
 
-    ray = _init_ray(cfg)
+    ray = init_ray(cfg)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
     num_workers = min(cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1))), len(todo))

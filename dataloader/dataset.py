@@ -167,6 +167,15 @@ class VideoBatches(IterableDataset):
             out["text_emb"] = torch.from_numpy(np.load(io.BytesIO(self._read(ref, "text_emb.npy", handles))))
         return out
 
+    def bucket_of(self, ref: SampleRef) -> Bucket | None:
+        """The bucket a sample trains in; None when it has none (no metadata, too few frames)."""
+        return self._bucket(ref)
+
+    def decode_sample(self, ref: SampleRef, bucket: Bucket, handles: dict) -> dict:
+        """One sample as a batch would hold it (`video` (3, T, H, W) or `latent`, `text`, ...);
+        centred unless the settings ask for random crops. `handles` caches open shard files."""
+        return self._decode(ref, bucket, None, handles)
+
     def _batch(self, epoch: int, i: int, bucket: Bucket, refs: list[SampleRef], handles: dict) -> dict:
         rng_seed = f"{self.s.seed}-{epoch}-{self.dp_rank}-{i}"
         decoded, skipped = [], 0

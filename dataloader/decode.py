@@ -11,6 +11,7 @@ import io
 import math
 import random
 
+import av
 import decord
 import numpy as np
 import torch
@@ -70,6 +71,18 @@ def _resize(x: torch.Tensor, width: int, height: int) -> torch.Tensor:
     return y.transpose(0, 1)
 
 
+def _pyav_frames(data: bytes, indices_for) -> torch.Tensor:
+    """decord's job done by PyAV: every frame decoded (clips are short), then the chosen ones."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        fps = float(stream.average_rate or 0)
+    indices = indices_for(len(decoded), fps)
+    if not indices:
+        raise SampleError("the clip has too few frames for its bucket")
+    return _to_tensor(np.stack([decoded[i] for i in indices]))
+
+
 def decode_video(data: bytes, src_size: tuple[int, int] | None, indices_for, width: int, height: int,
                  rng: random.Random | None) -> torch.Tensor:
     """(3, T, height, width). `src_size`: the clip's (width, height) from its metadata, so the clip
@@ -89,11 +102,16 @@ def decode_video(data: bytes, src_size: tuple[int, int] | None, indices_for, wid
         try:
             x = frames(decord.VideoReader(io.BytesIO(data), width=cw, height=ch, num_threads=1))
         except errors:
-            # decord cannot scale to some sizes while decoding (e.g. 48x27): scale after decoding.
+            # decord cannot scale to some sizes while decoding (e.g. 48x27), nor copy out frames of
+            # some widths at all (e.g. 48x32): scale after decoding, with PyAV if decord fails.
             # Decided per sample, never remembered: a sample must decode the same way in any
             # process and after any history, or a resumed run would differ from an uninterrupted one.
-            x = _resize(frames(decord.VideoReader(io.BytesIO(data), num_threads=1)), cw, ch)
-    except errors as e:
+            try:
+                x = frames(decord.VideoReader(io.BytesIO(data), num_threads=1))
+            except errors:
+                x = _pyav_frames(data, indices_for)
+            x = _resize(x, cw, ch)
+    except (*errors, av.error.FFmpegError) as e:
         raise SampleError(f"cannot decode video: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from e
     if x.shape[-2:] != (ch, cw):
         x = _resize(x, cw, ch)

@@ -39,7 +39,7 @@ def shards(tmp_path_factory) -> str:
 
 
 def overrides(run_dir: Path, shards: str, *extra: str) -> list[str]:
-    return [f"run_dir={run_dir}", f"data.shards={shards}", *DATA, *extra]
+    return [f"run_dir={run_dir}", f"data.shards='{shards}'", *DATA, *extra]
 
 
 def command(nproc: int, args: list[str]) -> list[str]:
@@ -218,7 +218,7 @@ def test_partial_or_corrupt_checkpoints_are_never_resumed(one_process_run, shard
     good = root / "step-00000006"
     no_marker = root / "step-00000007"  # a crash before the marker was written
     shutil.copytree(good, no_marker)
-    (no_marker / "vfm-checkpoint.json").unlink()
+    (no_marker / "checkpoint.json").unlink()
     truncated = root / "step-00000008"  # a file cut short after the marker
     shutil.copytree(good, truncated)
     distcp = next(truncated.glob("*.distcp"))
@@ -283,3 +283,35 @@ def test_bad_setups_fail_clearly_before_any_process_group(case, extra, message, 
     r = train(2, args, timeout=120)
     assert r.returncode != 0
     assert message in r.stderr, r.stderr[-2000:]
+
+
+def test_training_on_vfm_encode_output_gives_the_losses_of_encoding_on_the_fly(ray_local, tmp_path):
+    """Clips exactly the bucket's size, so training's random window and crop and encoding's centred
+    ones take the same pixels."""
+    from train.encode import encode
+
+    raw = tmp_path / "raw"
+    write_test_shards(raw, seed=5, num_shards=3, per_shard=4, sizes=((48, 32), (32, 48)), num_frames=8)
+    with tarfile.open(tmp_path / "broken.tar", "w") as tar:  # a sample that cannot decode, alone in its shard
+        for ext, data in (("mp4", b"\x00" * 500), ("txt", b"broken"),
+                          ("json", json.dumps({"num_frames": 8, "fps": 24, "width": 48, "height": 32}).encode())):
+            info = tarfile.TarInfo(f"broken.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "encoded"
+    cfg = conf.compose("encode", [f"input={raw}::{tmp_path / 'broken.tar'}", f"output={out}", *DATA[:1]])
+    summary = encode(cfg, log=lambda _: None)
+    assert summary["num_samples"] == 12 and summary["num_failed"] == 1
+    records = [json.loads(line) for line in (out / "encode.jsonl").read_text().splitlines()]
+    assert any("broken" in r["failed"] and r["failed"]["broken"].startswith("decode") for r in records)
+    assert encode(cfg, log=lambda _: None)["num_samples"] == 12  # a rerun skips the written shards
+
+    runs = {}
+    for name, shards in (("fly", str(raw)), ("pre", str(out / "shards" / "shard-00000{0..2}.tar"))):
+        run_dir = tmp_path / name
+        r = train(1, overrides(run_dir, shards, "num_steps=4", "data.caption_dropout=0", "checkpoint.every_steps=100"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = losses(run_dir)
+    assert list(runs["pre"]) == [1, 2, 3, 4]
+    for step, loss in runs["fly"].items():
+        assert abs(runs["pre"][step] - loss) <= 1e-5 * loss, (step, runs["pre"][step], loss)

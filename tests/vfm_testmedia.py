@@ -133,7 +133,7 @@ def write_tiny_vlm(folder: Path) -> Path:
 
 
 def write_test_shards(folder: Path, seed: int = 0, num_shards: int = 6, per_shard: int = 6,
-                      bad: bool = False) -> list[str]:
+                      bad: bool = False, sizes=((96, 64), (64, 96)), num_frames: int | None = None) -> list[str]:
     """Real webdataset shards of real H.264 clips in two aspect ratios, written with TarWriter:
     `<key>.mp4`, `.txt`, `.json` as the curator writes them. With `bad`, one shard also holds a
     corrupt mp4, a sample without .txt, one without .json, and the last shard is truncated."""
@@ -152,8 +152,8 @@ def write_test_shards(folder: Path, seed: int = 0, num_shards: int = 6, per_shar
         path = folder / f"shard-{s:06d}.tar"
         with wds.TarWriter(str(path)) as sink:
             for i in range(per_shard):
-                size = (96, 64) if (s + i) % 3 else (64, 96)
-                frames = 24 + 8 * ((s + i) % 2)
+                size = sizes[0] if (s + i) % 3 else sizes[1]
+                frames = num_frames or 24 + 8 * ((s + i) % 2)
                 seg = synth.random_shot(rng, frames)
                 clip = folder / "clip.mp4"
                 synth.write_video(clip, [seg], fps=24, size=size)

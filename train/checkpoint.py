@@ -2,11 +2,11 @@
 
     <run>/checkpoints/step-00001000/   .metadata, __*.distcp     model, optimizer, EMA (DCP: resharded on load)
                                        rank-00000.pt ...          per rank: loader position, RNG states
-                                       vfm-checkpoint.json        step, LR scheduler, counters, config, file sizes
+                                       checkpoint.json        step, LR scheduler, counters, config, file sizes
     <run>/checkpoints/latest           the newest complete directory's name, written last
 
 A checkpoint is written under `.tmp-step-*`, renamed when every rank has finished, and only then
-named in `latest`. `vfm-checkpoint.json` is written last inside it and lists every file's size, so
+named in `latest`. `checkpoint.json` is written last inside it and lists every file's size, so
 a directory cut short by a crash (missing or truncated files, no marker) is never resumed from.
 """
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-MARKER = "vfm-checkpoint.json"
+MARKER = "checkpoint.json"
 
 
 @contextlib.contextmanager

@@ -229,10 +229,25 @@ class Trainer:
         else:
             x0 = self.autoencoder.encode(batch["video"].to(self.device))
         if "text_emb" in batch:
-            emb, mask = batch["text_emb"].to(self.device), batch["text_mask"].to(self.device)
+            emb, mask = self._with_empty_captions(batch["text_emb"], batch["text_mask"], batch["text"])
         else:
             emb, mask = self.text_encoder(batch["text"])
         return StepInputs(x0, emb, mask)
+
+    def _with_empty_captions(self, emb, mask, texts):
+        """Precomputed embeddings, with each dropped caption encoded as the empty prompt, exactly as
+        on the fly (and as sampling encodes its negative prompt), never as a sequence with no keys."""
+        emb, mask = emb.to(self.device), mask.to(self.device)
+        dropped = [k for k, text in enumerate(texts) if text == ""]
+        if not dropped:
+            return emb, mask
+        empty, empty_mask = self.text_encoder([""])  # (1, L0, Dt)
+        length = max(emb.shape[1], empty.shape[1])
+        emb = torch.nn.functional.pad(emb, (0, 0, 0, length - emb.shape[1]))
+        mask = torch.nn.functional.pad(mask, (0, length - mask.shape[1]))
+        emb[dropped] = torch.nn.functional.pad(empty, (0, 0, 0, length - empty.shape[1]))
+        mask[dropped] = torch.nn.functional.pad(empty_mask, (0, length - empty_mask.shape[1]))
+        return emb, mask
 
     def _all_mean(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -247,6 +262,9 @@ class Trainer:
         for micro in range(self.cfg.optim.grad_accum_steps):
             tw = time.perf_counter()
             batch = next(batches)
+            while not batch["key"]:  # every sample of it failed to decode: counted, and the next batch taken
+                skipped += batch["num_skipped"]
+                batch = next(batches)
             wait += time.perf_counter() - tw
             inputs = self._inputs(batch)
             generator = step_generator(self.cfg.seed, self.step, micro, self.dp_rank)
