@@ -6,6 +6,8 @@ VENV ?= .venv
 # machines; a GPU user overrides it, e.g. make setup TORCH='torch==2.13.0 --index-url <cuda index>'.
 TORCH ?= torch==2.13.0
 SMOKE_DIR ?= smoke
+SMOKE_PORT ?= 8765
+SMOKE_PROMPT ?= a red square moving left
 PYTEST_ARGS ?=
 # Small buckets so that a few training steps take seconds on 2 CPU cores.
 SMOKE_TRAIN ?= 'data.buckets=[[8,32,32],[8,32,56],[8,56,32]]' data.tokens_per_batch=8192 data.num_workers=1 \
@@ -47,11 +49,20 @@ smoke: setup ## Run every stage that exists end to end on tiny videos
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m train run_dir=$(SMOKE_DIR)/run \
 	  data.shards=$(SMOKE_DIR)/curated parallel=cp2_ulysses num_steps=6 $(SMOKE_TRAIN)
 	$(VENV)/bin/vfm-export $(SMOKE_DIR)/run $(SMOKE_DIR)/export
+	@echo "== sample a video from the exported model"
+	$(VENV)/bin/vfm-sample checkpoint=$(SMOKE_DIR)/export prompt="$(SMOKE_PROMPT)" output=$(SMOKE_DIR)/sample.mp4 \
+	  num_frames=8 height=32 width=32 steps=10
+	@echo "== serve it on 127.0.0.1:$(SMOKE_PORT), request one video over HTTP, stop the server"
+	$(VENV)/bin/vfm-serve checkpoint=$(SMOKE_DIR)/export server.port=$(SMOKE_PORT) & server=$$!; \
+	  $(PY) -m inference.client --url http://127.0.0.1:$(SMOKE_PORT) --wait-server 120 --prompt "$(SMOKE_PROMPT)" \
+	    --num-frames 8 --height 32 --width 32 --steps 10 --output $(SMOKE_DIR)/served.mp4; \
+	  status=$$?; kill $$server; wait $$server; exit $$status
 	@echo "smoke outputs:"
 	@echo "  test media and ground truth: $(SMOKE_DIR)/media (ground_truth.json)"
 	@echo "  curated shards, manifest and summary: $(SMOKE_DIR)/curated (shards/, manifest.jsonl, summary.json)"
 	@echo "  training run: $(SMOKE_DIR)/run (checkpoints/, metrics.jsonl, tensorboard/, loss.png)"
 	@echo "  exported model (EMA weights): $(SMOKE_DIR)/export (transformer/, vfm.yaml)"
+	@echo "  sampled video: $(SMOKE_DIR)/sample.mp4 (and sample.gif); served video: $(SMOKE_DIR)/served.mp4"
 
 lint: setup ## Check style with ruff
 	$(VENV)/bin/ruff check .

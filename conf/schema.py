@@ -298,9 +298,11 @@ class EncodeConfig:
 
 @dataclass
 class SampleConfig:
-    checkpoint: str = MISSING
+    """vfm-sample; several processes: torchrun --nproc-per-node N -m inference.sample ..."""
+
+    checkpoint: str = MISSING  # a vfm-export folder (transformer/ + vfm.yaml)
     prompt: str = MISSING
-    output: str = MISSING
+    output: str = MISSING  # an .mp4 path; a .gif preview is written beside it
     negative_prompt: str = ""
     num_frames: int = 16
     height: int = 64
@@ -308,6 +310,8 @@ class SampleConfig:
     steps: int = 30
     guidance_scale: float = 5.0
     seed: int = 0
+    fps: int = 8
+    cfg_parallel: bool = False  # 2 ranks: conditional and unconditional branches apart (x parallel.cp ranks)
     parallel: ParallelConfig = MISSING
     diffusion: DiffusionConfig = MISSING
 
@@ -333,7 +337,11 @@ class ServerConfig:
 
 @dataclass
 class ServeConfig:
-    checkpoint: str = MISSING
+    """vfm-serve; several processes: torchrun --nproc-per-node N -m inference.server ..."""
+
+    checkpoint: str = MISSING  # a vfm-export folder
+    fps: int = 8
+    cfg_parallel: bool = False  # 2 ranks: conditional and unconditional branches apart (x parallel.cp ranks)
     server: ServerConfig = MISSING
     parallel: ParallelConfig = MISSING
     diffusion: DiffusionConfig = MISSING

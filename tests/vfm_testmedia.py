@@ -282,3 +282,46 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
         curves[1].append(total.item() / (world // dp) / dp)
     result["curve_ref"], result["curve_par"] = curves
     _finish_rank(result, world, rank, out)
+
+
+def write_export(folder: Path, seed: int = 0) -> Path:
+    """An exported model as vfm-export writes it (transformer/ + vfm.yaml): a debug DiT whose
+    zero-initialised layers are filled with small random values, so every layer shapes the output."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from models.dit.model import build
+
+    torch.manual_seed(seed)
+    model = build("debug", in_channels=3, text_dim=384)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.abs().any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(folder / "transformer")
+    info = {"step": 0, "weights": "ema", "text_encoder": {"name": "minilm", "max_length": 64},
+            "autoencoder": {"name": "identity"},
+            "diffusion": {"scheduler": "FlowMatchEulerDiscreteScheduler", "shift": 1.0}}
+    (folder / "vfm.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(info)))
+    return folder
+
+
+def sampling_rank_worker(rank: int, world: int, export: str, layout: dict, rendezvous: str, out: str) -> None:
+    """One rank of parallel sampling (CFG-parallel and/or cp) over gloo; every rank's final latents."""
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from inference.parallel import init_parallel, sampling_dims
+    from inference.pipeline import Request, VideoPipeline
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    parallel = OmegaConf.create({"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": layout.get("cp", 1),
+                                 "cp_kind": layout.get("cp_kind", "ulysses")})
+    pipe = VideoPipeline.from_export(export)
+    init_parallel(pipe, sampling_dims(parallel, layout.get("cfg_parallel", False), world))
+    requests = [Request(**r) for r in layout["requests"]]
+    latents = pipe.sample_latents(requests)
+    _finish_rank(latents.tolist(), world, rank, out)

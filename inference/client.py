@@ -1,0 +1,92 @@
+"""A command-line client for vfm-serve: request one video, follow its progress, save the mp4.
+
+    python -m inference.client --url http://127.0.0.1:8000 --prompt "a red square moving left" \\
+        --output video.mp4 [--num-frames 8 --height 32 --width 32 --steps 20 --seed 0] [--wait-server 60]
+
+The API key, if the server needs one, comes from the VFM_API_KEY environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def _call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("VFM_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['VFM_API_KEY']}"
+    data = json.dumps(body).encode() if body is not None else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers, method=method), timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_for_server(url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if _call(f"{url}/healthz")[0] == 200:
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no server answered at {url} within {seconds:g} s") from None
+            time.sleep(0.5)
+
+
+def request_video(url: str, body: dict, output: Path) -> dict:
+    status, reply = _call(f"{url}/v1/videos", "POST", body)
+    if status != 202:
+        raise RuntimeError(f"the server refused the request ({status}): {reply.decode(errors='replace')}")
+    job_id = json.loads(reply)["id"]
+    while True:
+        status, reply = _call(f"{url}/v1/videos/{job_id}")
+        job = json.loads(reply)
+        print(f"\r{job['status']}: step {job['progress']['step']}/{job['progress']['total']}", end="", flush=True)
+        if job["status"] not in ("queued", "running"):
+            print()
+            break
+        time.sleep(0.3)
+    if job["status"] != "succeeded":
+        raise RuntimeError(f"the video {job['status']}: {job['error']}")
+    status, video = _call(f"{url}/v1/videos/{job_id}/content")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(video)
+    return job
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--num-frames", type=int, default=8)
+    p.add_argument("--height", type=int, default=32)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance-scale", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--wait-server", type=float, default=0, help="seconds to wait for the server to come up")
+    a = p.parse_args(argv)
+    body = {"prompt": a.prompt, "negative_prompt": a.negative_prompt, "num_frames": a.num_frames, "height": a.height,
+            "width": a.width, "steps": a.steps, "guidance_scale": a.guidance_scale, "seed": a.seed}
+    try:
+        if a.wait_server:
+            wait_for_server(a.url, a.wait_server)
+        job = request_video(a.url, body, a.output)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        sys.exit(f"vfm client: {e}")
+    print(f"saved {a.output} ({job['timings']['total_s']} s, batch of {job['timings']['batch_size']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""`vfm-sample checkpoint=<exported dir> prompt="..." output=<file.mp4> [num_frames= height= width=
+steps= guidance_scale= seed=]`; across ranks: `torchrun --nproc-per-node N -m inference.sample ...
+[cfg_parallel=true] [parallel=cp2_ulysses]`. The same seed gives the same video."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+import conf.schema  # noqa: F401  (registers the structured configs)
+from inference.parallel import finish, init_parallel, sampling_dims, world
+from inference.pipeline import Request, VideoPipeline, write_gif, write_mp4
+
+
+def sample(cfg: DictConfig) -> int:
+    rank, world_size = world()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dims = sampling_dims(cfg.parallel, cfg.cfg_parallel, world_size)
+        pipe = VideoPipeline.from_export(cfg.checkpoint, cfg.diffusion.scheduler, cfg.diffusion.shift, device)
+        request = Request(cfg.prompt, cfg.negative_prompt, cfg.num_frames, cfg.height, cfg.width, cfg.steps,
+                          cfg.guidance_scale, cfg.seed)
+        problems = pipe.limits().check(request)
+        if problems:
+            raise ValueError("; ".join(problems))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vfm-sample: {e}", file=sys.stderr, flush=True)
+        return 2
+    init_parallel(pipe, dims)
+
+    def progress(step, total):
+        if rank == 0:
+            print(f"\rstep {step}/{total}", end="\n" if step == total else "", flush=True)
+
+    frames, timings = pipe([request], progress)
+    if rank == 0:
+        out = Path(cfg.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_mp4(frames[0], out, cfg.fps)
+        write_gif(frames[0], out.with_suffix(".gif"), cfg.fps)
+        print(f"wrote {out} and {out.with_suffix('.gif')}: {frames.shape[1]} frames {cfg.width}x{cfg.height}, "
+              f"{cfg.steps} steps in {timings['sample_s']:.1f} s on {world_size} process(es)")
+    finish(device)
+    return 0
+
+
+@hydra.main(config_path="pkg://conf", config_name="sample", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    code = sample(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+    _app()
+
+
+if __name__ == "__main__":
+    main()
