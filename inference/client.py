@@ -42,22 +42,43 @@ def wait_for_server(url: str, seconds: float) -> None:
             time.sleep(0.5)
 
 
-def request_video(url: str, body: dict, output: Path) -> dict:
+def submit(url: str, body: dict) -> str:
+    """The id of a new video job."""
     status, reply = _call(f"{url}/v1/videos", "POST", body)
     if status != 202:
         raise RuntimeError(f"the server refused the request ({status}): {reply.decode(errors='replace')}")
-    job_id = json.loads(reply)["id"]
+    return json.loads(reply)["id"]
+
+
+def wait(url: str, job_id: str, poll_s: float = 0.3, show: bool = True) -> dict:
+    """The finished job's status, after following its progress."""
     while True:
         status, reply = _call(f"{url}/v1/videos/{job_id}")
+        if status != 200:
+            raise RuntimeError(f"status of {job_id} ({status}): {reply.decode(errors='replace')}")
         job = json.loads(reply)
-        print(f"\r{job['status']}: step {job['progress']['step']}/{job['progress']['total']}", end="", flush=True)
+        if show:
+            print(f"\r{job['status']}: step {job['progress']['step']}/{job['progress']['total']}", end="", flush=True)
         if job["status"] not in ("queued", "running"):
-            print()
-            break
-        time.sleep(0.3)
+            if show:
+                print()
+            return job
+        time.sleep(poll_s)
+
+
+def fetch(url: str, job: dict) -> bytes:
+    """The mp4 of a finished job."""
     if job["status"] != "succeeded":
         raise RuntimeError(f"the video {job['status']}: {job['error']}")
-    status, video = _call(f"{url}/v1/videos/{job_id}/content")
+    status, video = _call(f"{url}/v1/videos/{job['id']}/content")
+    if status != 200:
+        raise RuntimeError(f"content of {job['id']} ({status}): {video.decode(errors='replace')}")
+    return video
+
+
+def request_video(url: str, body: dict, output: Path) -> dict:
+    job = wait(url, submit(url, body))
+    video = fetch(url, job)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(video)
     return job

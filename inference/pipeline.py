@@ -93,7 +93,7 @@ class VideoPipeline:
         if not (folder / "vfm.yaml").is_file() or not (folder / "transformer").is_dir():
             raise FileNotFoundError(f"{folder} is not an exported model (no vfm.yaml or transformer/): run vfm-export")
         info = OmegaConf.load(folder / "vfm.yaml")
-        transformer = VideoDiT.from_pretrained(folder / "transformer")
+        transformer = VideoDiT.from_pretrained(folder / "transformer", low_cpu_mem_usage=False)
         return cls(transformer, build_text_encoder(info.text_encoder), build_autoencoder(info.autoencoder),
                    scheduler or info.diffusion.scheduler, info.diffusion.shift if shift is None else shift, device)
 
@@ -114,18 +114,23 @@ class VideoPipeline:
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.text_encoder(prompts)  # (B, L, Dt), (B, L)
 
+    def guidance_text(self, cond, uncond) -> tuple[torch.Tensor, torch.Tensor]:
+        """The text the model sees each step: [cond; uncond] (2B, L, Dt), or with CFG-parallel this
+        rank's half (B, L, Dt)."""
+        if self.cfg_group is not None:
+            return cond if self.cfg_rank == 0 else uncond
+        return _cat_padded(cond[0], uncond[0]), _cat_padded(cond[1], uncond[1])
+
     @torch.no_grad()
-    def velocity(self, latents, sigma, cond, uncond, guidance: torch.Tensor) -> torch.Tensor:
+    def velocity(self, latents, sigma, text, guidance: torch.Tensor) -> torch.Tensor:
         """Classifier-free guided velocity for (B, C, T', H', W') latents at noise level `sigma` (B,)."""
+        emb, mask = text
         if self.cfg_group is not None:  # this rank computes one half; the other rank the other
-            emb, mask = cond if self.cfg_rank == 0 else uncond
             mine = self.transformer(latents, sigma, emb, mask)
             both = [torch.empty_like(mine) for _ in range(2)]
             torch.distributed.all_gather(both, mine.contiguous(), group=self.cfg_group)
             v_cond, v_uncond = both
         else:
-            emb = _cat_padded(cond[0], uncond[0])
-            mask = _cat_padded(cond[1], uncond[1])
             v = self.transformer(torch.cat([latents, latents]), torch.cat([sigma, sigma]), emb, mask)
             v_cond, v_uncond = v.chunk(2)
         g = guidance.view(-1, 1, 1, 1, 1)
@@ -142,14 +147,14 @@ class VideoPipeline:
         shape = self.latent_shape(first)
         noise = [torch.randn(shape, generator=torch.Generator().manual_seed(r.seed)) for r in requests]
         latents = torch.stack(noise).to(self.device)  # (B, C, T', H', W')
-        cond = self.encode_prompts([r.prompt for r in requests])
-        uncond = self.encode_prompts([r.negative_prompt for r in requests])
+        text = self.guidance_text(self.encode_prompts([r.prompt for r in requests]),
+                                  self.encode_prompts([r.negative_prompt for r in requests]))
         guidance = torch.tensor([r.guidance_scale for r in requests], device=self.device)
         scheduler = make_scheduler(self.scheduler_name, self.shift)
         scheduler.set_timesteps(first.steps, device=self.device)
         for i, t in enumerate(scheduler.timesteps):
             sigma = (t / 1000).expand(len(requests)).float()  # the model was trained on sigma in [0, 1]
-            v = self.velocity(latents, sigma, cond, uncond, guidance)
+            v = self.velocity(latents, sigma, text, guidance)
             latents = scheduler.step(v, t, latents).prev_sample
             if callback is not None:
                 callback(i + 1, first.steps)

@@ -261,3 +261,28 @@ def test_vfm_serve_on_two_ranks_with_an_api_key(export, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_the_web_page_in_headless_chromium_generates_and_plays_a_video(server, tmp_path):
+    from vfm_browser import browser_page
+
+    base, _ = server
+    with browser_page() as (page, problems):
+        page.goto(base + "/")
+        for name, value in (("num_frames", "4"), ("height", "16"), ("width", "16"), ("steps", "3")):
+            page.fill(f"#{name}", value)
+        page.fill("#prompt", "a blue circle moving right")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('done')", timeout=60_000)
+        # The browser decodes the served mp4 (H.264): it knows the video's size once it has loaded.
+        page.wait_for_function("document.querySelector('#video').readyState >= 1", timeout=20_000)
+        assert page.eval_on_selector("#video", "v => [v.videoWidth, v.videoHeight, v.hidden]") == [16, 16, False]
+        assert page.eval_on_selector("#progress", "p => [p.value, p.max]") == [3, 3]
+        page.screenshot(path=str(tmp_path / "page.png"))
+
+        page.fill("#width", "1000")  # refused by the server (at most 64 here): the page shows why
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('rejected')")
+        assert "width: Input should be less than or equal to 64" in page.text_content("#status")
+        assert page.get_attribute("#status", "class") == "error"
+    assert [p for p in problems if "422" not in p] == []  # the refused request logs its 422, nothing else

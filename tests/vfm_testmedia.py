@@ -288,9 +288,9 @@ def write_export(folder: Path, seed: int = 0) -> Path:
     """An exported model as vfm-export writes it (transformer/ + vfm.yaml): a debug DiT whose
     zero-initialised layers are filled with small random values, so every layer shapes the output."""
     import torch
-    from omegaconf import OmegaConf
 
     from models.dit.model import build
+    from train.export import save_export
 
     torch.manual_seed(seed)
     model = build("debug", in_channels=3, text_dim=384)
@@ -299,12 +299,10 @@ def write_export(folder: Path, seed: int = 0) -> Path:
         for p in model.parameters():
             if not p.abs().any():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    model.save_pretrained(folder / "transformer")
     info = {"step": 0, "weights": "ema", "text_encoder": {"name": "minilm", "max_length": 64},
             "autoencoder": {"name": "identity"},
             "diffusion": {"scheduler": "FlowMatchEulerDiscreteScheduler", "shift": 1.0}}
-    (folder / "vfm.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(info)))
-    return folder
+    return save_export(model, folder, info)
 
 
 def sampling_rank_worker(rank: int, world: int, export: str, layout: dict, rendezvous: str, out: str) -> None:

@@ -59,22 +59,28 @@ def load_weights(checkpoint: Path, which: str = "ema") -> tuple[VideoDiT, dict]:
     return model.eval(), meta
 
 
-def export(checkpoint: Path, output: Path, which: str = "ema") -> Path:
-    checkpoint = resolve_checkpoint(checkpoint)
-    model, meta = load_weights(checkpoint, which)
+def save_export(model: VideoDiT, output: Path, info: dict) -> Path:
+    """The inference folder: transformer/ and vfm.yaml (`info`: at least text_encoder, autoencoder and
+    diffusion configs), written under a temporary name and renamed when complete."""
     output = Path(output)
     tmp = output.with_name(f".{output.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "transformer")
-    cfg = meta["config"]
-    info = {"step": meta["step"], "weights": which, "checkpoint": str(checkpoint.resolve()),
-            "text_encoder": cfg["text_encoder"], "autoencoder": cfg["autoencoder"], "diffusion": cfg["diffusion"],
-            "model": cfg["model"]}
     (tmp / "vfm.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(info)))
     if output.exists():
         shutil.rmtree(output)
     tmp.rename(output)
     return output
+
+
+def export(checkpoint: Path, output: Path, which: str = "ema") -> Path:
+    checkpoint = resolve_checkpoint(checkpoint)
+    model, meta = load_weights(checkpoint, which)
+    cfg = meta["config"]
+    info = {"step": meta["step"], "weights": which, "checkpoint": str(checkpoint.resolve()),
+            "text_encoder": cfg["text_encoder"], "autoencoder": cfg["autoencoder"], "diffusion": cfg["diffusion"],
+            "model": cfg["model"]}
+    return save_export(model, output, info)
 
 
 def main(argv: list[str] | None = None) -> None:
