@@ -146,6 +146,7 @@ class CurateConfig:
     # the cores between them), else FFmpeg's and x264's own choice.
     codec_threads: int | None = None
     source_timeout_s: float = 1800.0  # a source that takes longer gets an error record
+    report: bool = False  # also write <output>/report/index.html (vfm-report) at the end
 
 
 # --- training and inference groups ------------------------------------------------------------

@@ -154,7 +154,10 @@ def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
 
 def _manifest_record(record: dict) -> dict:
     out = {k: v for k, v in record.items() if k != "clips"}
-    out["clips"] = [{k: c[k] for k in ("key", "start_frame", "end_frame", "start_s", "end_s", "kept", "reason")}
+    # Scalar scores of every clip, kept or not: what the report's histograms are drawn from.
+    out["clips"] = [{**{k: c[k] for k in ("key", "start_frame", "end_frame", "start_s", "end_s", "kept", "reason")},
+                     "width": c.get("width"), "height": c.get("height"),
+                     "scores": {k: v for k, v in (c.get("scores") or {}).items() if isinstance(v, int | float)}}
                     for c in record["clips"]]
     return out
 
@@ -288,5 +291,9 @@ def main_from_config(cfg: DictConfig) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 2
+    if cfg.report:
+        from curator.report import write_report
+
+        write_report(cfg.output)
     return 0
 

@@ -1,0 +1,145 @@
+"""vfm-report on a real curated corpus: the page parses, links only images that exist, states the
+totals of summary.json, bounds its contact sheets, and loads cleanly in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import conf
+from curator.pipeline import main_from_config
+from curator.report import write_report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Page(HTMLParser):
+    """Image sources, element texts by id, and h2/h3 headings of a page."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.images: list[str] = []
+        self.by_id: dict[str, str] = {}
+        self.headings: list[str] = []
+        self._open: list[tuple[str, str | None]] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        elif tag not in ("link", "meta", "br"):
+            self._open.append((tag, attrs.get("id")))
+            if attrs.get("id"):
+                self.by_id[attrs["id"]] = ""
+
+    def handle_endtag(self, tag):
+        if self._open and self._open[-1][0] == tag:
+            self._open.pop()
+
+    def handle_data(self, data):
+        if self._open:
+            tag, ident = self._open[-1]
+            if ident:
+                self.by_id[ident] += data
+            if tag in ("h2", "h3"):
+                self.headings.append(data)
+
+
+@pytest.fixture(scope="module")
+def curated(synth_corpus, ray_local, tmp_path_factory) -> Path:
+    """The synthetic corpus (cuts, a fade, static and near-black shots) plus two broken files, curated
+    by `vfm-curate ... report=true` (the same entry point, without Hydra's command line)."""
+    media_dir, _ = synth_corpus
+    inputs = tmp_path_factory.mktemp("report-inputs")
+    for p in media_dir.glob("*.mp4"):
+        shutil.copy(p, inputs / p.name)
+    (inputs / "empty.mp4").write_bytes(b"")
+    (inputs / "notes.mp4").write_text("not a video\n")
+    out = tmp_path_factory.mktemp("report-curated")
+    cfg = conf.compose("curate", [f"input={inputs}", f"output={out}", "ray.num_cpus=2", "report=true"])
+    assert main_from_config(cfg) == 0
+    return out
+
+
+def test_the_page_states_the_summary_and_links_only_images_that_exist(curated):
+    index = curated / "report" / "index.html"
+    summary = json.loads((curated / "summary.json").read_text())
+    page = Page(index.read_text())
+    for name in ("inputs", "errors", "clips", "kept", "dropped", "hours-in", "hours-out"):
+        assert page.by_id[f"total-{name}"] == str(summary[name.replace("-", "_")]), name
+    assert summary["errors"] == 2 and summary["dropped"] >= 2
+    assert page.images and all((index.parent / src).is_file() for src in page.images)
+    for chart in ("hist-duration_s.png", "hist-brightness.png", "hist-motion_area.png", "drop-reasons.png",
+                  "stage-seconds.png"):
+        assert chart in page.images
+    text = index.read_text()
+    for message in summary["error_messages"]:
+        assert message.replace("'", "&#x27;").replace('"', "&quot;") in text or message in text
+    for reason in summary["drop_reasons"]:
+        assert any(h.startswith(f"{reason}: showing") for h in page.headings), (reason, page.headings)
+    assert f"showing {summary['kept']} of {summary['kept']}" in text
+    assert summary["config_hash"] in text and "min_brightness" in text  # the config that made the data
+    assert not (curated / ".report.tmp").exists()
+
+
+def test_contact_sheets_are_a_bounded_seeded_sample(curated, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(curated, out, ignore=shutil.ignore_patterns("report"))
+    kept = json.loads((out / "summary.json").read_text())["kept"]
+    first = write_report(out, max_kept=3, max_dropped=1, seed=7, log=lambda *_: None).read_text()
+    assert f"showing 3 of {kept}" in first
+    dropped_headings = [h for h in Page(first).headings if ": showing" in h]
+    assert dropped_headings and all(": showing 1 of" in h for h in dropped_headings)
+    assert len(list((out / "report" / "clips").glob("*.jpg"))) == 3 + len(
+        json.loads((out / "summary.json").read_text())["drop_reasons"])
+    again = write_report(out, max_kept=3, max_dropped=1, seed=7, log=lambda *_: None).read_text()
+    assert again == first
+    other = write_report(out, max_kept=3, max_dropped=1, seed=8, log=lambda *_: None).read_text()
+    assert re.findall(r"clips/[^\"]+\.jpg", other) != re.findall(r"clips/[^\"]+\.jpg", first)
+
+
+def test_a_moved_source_costs_its_dropped_thumbnails_not_the_report(curated, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(curated, out, ignore=shutil.ignore_patterns("report"))
+    manifest = out / "manifest.jsonl"
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for r in lines:
+        r["source"] = str(tmp_path / "gone" / Path(r["source"]).name)
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    index = write_report(out, log=lambda *_: None)
+    page = Page(index.read_text())
+    assert all((index.parent / src).is_file() for src in page.images)
+    assert "frames unavailable" in index.read_text()  # dropped clips: not in shards, source gone
+    kept = json.loads((out / "summary.json").read_text())["kept"]
+    assert sum(src.startswith("clips/") for src in page.images) == kept  # kept clips come from the shards
+
+
+def test_vfm_report_refuses_a_folder_that_is_not_curated(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "curator.report", str(tmp_path)], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "is not a curated output" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_page_loads_from_disk_in_headless_chromium(curated, tmp_path):
+    from vfm_browser import browser_page
+
+    with browser_page() as (page, problems):
+        failed = []
+        page.on("requestfailed", lambda request: failed.append(request.url))
+        page.goto((curated / "report" / "index.html").as_uri())
+        page.wait_for_load_state("load")
+        broken = page.eval_on_selector_all("img", "imgs => imgs.filter(i => !i.complete || i.naturalWidth === 0)"
+                                                  ".map(i => i.src)")
+        count = page.eval_on_selector_all("img", "imgs => imgs.length")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert count > 5 and broken == [] and failed == [] and problems == []
+    assert (tmp_path / "report.png").stat().st_size > 10_000
