@@ -242,9 +242,11 @@ def page(summary: dict, charts: list[tuple[str, str]], kept_cards: list[str], dr
     totals = [("inputs", summary["inputs"]), ("errors", summary["errors"]),
               ("hours-in", summary["hours_in"]), ("hours-out", summary["hours_out"]),
               ("clips", summary["clips"]), ("kept", summary["kept"]), ("dropped", summary["dropped"])]
-    rows = "".join(f'<tr><th>{name.replace("-", " ")}</th><td id="total-{name}">{_e(v)}</td></tr>' for name, v in totals)
+    rows = "".join(f'<tr><th>{name.replace("-", " ")}</th><td id="total-{name}">{_e(v)}</td></tr>'
+                   for name, v in totals)
     errors = "".join(f"<tr><td>{_e(m)}</td><td>{n}</td></tr>"
                      for m, n in sorted(summary.get("error_messages", {}).items(), key=lambda kv: -kv[1]))
+    errors = f"<table><tr><th>error</th><th>inputs</th></tr>{errors}</table>" if errors else "<p>none</p>"
     wall, frames = summary.get("last_run_wall_s"), summary.get("frames_in", 0)
     stages = "".join(f"<tr><td>{_e(k.removesuffix('_s'))}</td><td>{v:.2f}</td>"
                      f"<td>{frames / v:.1f}</td></tr>" if v else f"<tr><td>{_e(k)}</td><td>0</td><td></td></tr>"
@@ -261,7 +263,7 @@ def page(summary: dict, charts: list[tuple[str, str]], kept_cards: list[str], dr
 <p class="muted">curator {_e(summary.get('curator_version'))}, config {_e(summary.get('config_hash'))},
 output {_e((summary.get('config') or {}).get('output', ''))}</p>
 <h2>Totals</h2><table>{rows}</table>
-<h2>Errors by message</h2>{f'<table><tr><th>error</th><th>inputs</th></tr>{errors}</table>' if errors else '<p>none</p>'}
+<h2>Errors by message</h2>{errors}
 <h2>Time</h2><p>last run: {wall if wall is not None else '?'} s wall, {summary.get('last_run_frames_per_s')} frames/s
 over {frames} source frames</p>
 <table><tr><th>stage</th><th>seconds (summed over workers)</th><th>frames/s</th></tr>{stages}</table>
