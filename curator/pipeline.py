@@ -32,7 +32,7 @@ from curator.writer import OutputDir, read_jsonl
 CURATOR_VERSION = "0.1.0"
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 # Config fields that do not change what is written, left out of the config hash.
-_RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s")
+_RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s", "report")
 
 
 def config_hash(cfg: DictConfig) -> str:

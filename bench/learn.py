@@ -1,0 +1,203 @@
+"""The learning check: does a small vfm model, trained for minutes on these cores, follow its prompts?
+
+    synthetic corpus (curator.synth: a coloured shape moving in one direction, captions naming
+    colour, shape, motion and background) with some (colour, direction) pairs held out
+    ─► vfm-curate captioner=sidecar ─► vfm-train (one process, all cores) ─► vfm-export
+    ─► sample every held-out pair (prompts the model never saw) ─► measure each video
+
+Each video is measured from its pixels: the background is the video's median colour; the object is
+every pixel far from it. Its colour is the majority vote of those pixels over the 8 colours a prompt
+can name; its direction is the sign of the larger component of the least-squares velocity of the
+object's centroid over the frames. Figures: how often the colour matches the prompt (target >= 80%)
+and how often the direction does (target >= 70%), beside chance (1/8 and 1/4). A grid of samples is
+saved as an image.
+
+    python bench/learn.py [--steps 1500] [--out learn]      (make learn)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from curator import synth  # noqa: E402
+
+COLOURS = sorted(synth.COLORS)  # 8
+DIRECTIONS = sorted(synth.DIRECTIONS)  # 4
+# Each colour is never seen moving in one direction: 8 held-out pairs, every direction held out twice.
+HELD_OUT = {(c, DIRECTIONS[i % 4]) for i, c in enumerate(COLOURS)}
+FRAMES, HEIGHT, WIDTH = 8, 24, 32
+# A small DiT on 4x4-pixel tokens (8 x 6 x 8 = 384 tokens a clip): about 33 clips/s to train here.
+MODEL = ["model.hidden_size=128", "model.num_layers=4", "model.num_heads=4", "model.patch_size=[1,4,4]"]
+PATCH = (1, 4, 4)
+
+
+def write_corpus(out: Path) -> int:
+    """One single-shot video for every training (colour, direction) pair x shape x background, each
+    with a same-stem .txt caption; returns how many."""
+    out.mkdir(parents=True, exist_ok=True)
+    combos = [(c, d, s, b) for c, d, s, b in itertools.product(COLOURS, DIRECTIONS, synth.SHAPES,
+                                                                sorted(synth.BACKGROUNDS)) if (c, d) not in HELD_OUT]
+    for i, (colour, direction, shape, background) in enumerate(combos):
+        seg = synth.Segment(num_frames=48, shape=shape, color=colour, background=background, direction=direction)
+        path = out / f"learn-{i:04d}.mp4"
+        if not path.exists():
+            synth.write_video(path, [seg])
+            path.with_suffix(".txt").write_text(seg.caption() + "\n")
+    return len(combos)
+
+
+def measure(video: np.ndarray) -> tuple[str | None, str | None]:
+    """(object colour, direction) of a (T, H, W, 3) uint8 video; None where there is no object."""
+    f = video.astype(np.float32)
+    background = np.median(f.reshape(-1, 3), axis=0)
+    fg = np.abs(f - background).sum(-1) > 90  # (T, H, W)
+    if fg.sum() < 3:
+        return None, None
+    palette = np.array([synth.COLORS[c] for c in COLOURS], np.float32)  # (8, 3)
+    nearest = ((f[fg][:, None, :] - palette[None]) ** 2).sum(-1).argmin(1)
+    colour = COLOURS[int(np.bincount(nearest, minlength=len(COLOURS)).argmax())]
+    ys, xs = np.mgrid[0:video.shape[1], 0:video.shape[2]]
+    t = [i for i in range(len(fg)) if fg[i].sum() >= 2]
+    if len(t) < 2:
+        return colour, None
+    cx = np.array([xs[fg[i]].mean() for i in t])
+    cy = np.array([ys[fg[i]].mean() for i in t])
+    vx, vy = np.polyfit(t, cx, 1)[0], np.polyfit(t, cy, 1)[0]  # pixels per frame
+    if max(abs(vx), abs(vy)) * (len(fg) - 1) < 2:  # under 2 pixels over the clip: standing still
+        return colour, None
+    if abs(vx) >= abs(vy):
+        return colour, "right" if vx > 0 else "left"
+    return colour, "down" if vy > 0 else "up"
+
+
+def run(cmd: list[str], log: Path) -> None:
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        r = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed; see {log}:\n{log.read_text()[-3000:]}")
+    print(f"   {Path(cmd[0]).name} {' '.join(cmd[1:3])}: {time.perf_counter() - t0:.0f} s (log: {log})", flush=True)
+
+
+def held_out_prompts(seeds_per_prompt: int) -> list[dict]:
+    """Every held-out (colour, direction) pair with every shape, on a few backgrounds."""
+    backgrounds = sorted(synth.BACKGROUNDS)
+    prompts = []
+    for k, ((colour, direction), shape) in enumerate(itertools.product(sorted(HELD_OUT), synth.SHAPES)):
+        seg = synth.Segment(num_frames=FRAMES, shape=shape, color=colour, background=backgrounds[k % len(backgrounds)],
+                            direction=direction)
+        for s in range(seeds_per_prompt):
+            prompts.append({"prompt": seg.caption(), "colour": colour, "direction": direction, "seed": 1000 * k + s})
+    return prompts
+
+
+def sample_and_measure(export: Path, prompts: list[dict], steps: int, guidance: float) -> list[dict]:
+    from inference.pipeline import Request, VideoPipeline
+
+    pipe = VideoPipeline.from_export(export)
+    results = []
+    for i in range(0, len(prompts), 8):
+        chunk = prompts[i:i + 8]
+        requests = [Request(prompt=p["prompt"], num_frames=FRAMES, height=HEIGHT, width=WIDTH, steps=steps,
+                            guidance_scale=guidance, seed=p["seed"]) for p in chunk]
+        frames, _ = pipe(requests)  # (B, T, H, W, 3) uint8
+        for p, video in zip(chunk, frames, strict=True):
+            colour, direction = measure(video)
+            results.append({**p, "frames": video, "seen_colour": colour, "seen_direction": direction})
+    return results
+
+
+def save_grid(results: list[dict], path: Path, per_row: int = 4) -> None:
+    """Rows of samples, each the first, middle and last frame, enlarged 3x, captioned."""
+    from PIL import Image, ImageDraw
+
+    tiles = []
+    for r in results:
+        v = r["frames"]
+        strip = np.concatenate([v[0], np.full((HEIGHT, 2, 3), 255, np.uint8), v[len(v) // 2],
+                                np.full((HEIGHT, 2, 3), 255, np.uint8), v[-1]], axis=1)
+        img = Image.fromarray(strip).resize((strip.shape[1] * 3, HEIGHT * 3), Image.NEAREST)
+        tile = Image.new("RGB", (img.width, img.height + 30), "white")
+        tile.paste(img, (0, 0))
+        d = ImageDraw.Draw(tile)
+        ok = "ok" if (r["seen_colour"], r["seen_direction"]) == (r["colour"], r["direction"]) else "x"
+        d.text((2, img.height + 2), f"{r['colour']} {r['direction']} [{ok}]", fill="black")
+        d.text((2, img.height + 15), f"seen: {r['seen_colour']} {r['seen_direction']}", fill="gray")
+        tiles.append(tile)
+    w, h = tiles[0].size
+    rows = (len(tiles) + per_row - 1) // per_row
+    grid = Image.new("RGB", (per_row * (w + 6), rows * (h + 6)), "white")
+    for i, t in enumerate(tiles):
+        grid.paste(t, ((i % per_row) * (w + 6), (i // per_row) * (h + 6)))
+    grid.save(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "learn", help="where the corpus, run and grid go")
+    parser.add_argument("--steps", type=int, default=1400, help="training steps (sized for <= 30 min here)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=32, help="clips per step")
+    parser.add_argument("--frame-stride", type=int, default=3, help="source frames between training frames")
+    parser.add_argument("--sample-steps", type=int, default=30)
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--seeds", type=int, default=2, help="samples per held-out prompt")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+
+    num_videos = write_corpus(out / "media")
+    print(f"1. corpus: {num_videos} videos of {len(COLOURS) * len(DIRECTIONS) - len(HELD_OUT)} (colour, direction) "
+          f"pairs x shapes x backgrounds; held out: {sorted(HELD_OUT)}", flush=True)
+    print("2. curate (captioner=sidecar: the generator's captions)", flush=True)
+    if not (out / "curated" / "summary.json").exists():
+        run([str(bin_dir / "vfm-curate"), f"input={out / 'media'}", f"output={out / 'curated'}", "captioner=sidecar"],
+            out / "curate.log")
+    summary = json.loads((out / "curated" / "summary.json").read_text())
+    print(f"   {summary['kept']} clips kept of {summary['clips']}", flush=True)
+
+    tokens = FRAMES // PATCH[0] * (HEIGHT // PATCH[1]) * (WIDTH // PATCH[2])
+    print(f"3. train {args.steps} steps, {args.batch} clips of {FRAMES}x{HEIGHT}x{WIDTH} per step", flush=True)
+    t_train = time.perf_counter()
+    run([str(bin_dir / "vfm-train"), f"run_dir={out / 'run'}", f"data.shards={out / 'curated'}",
+         f"num_steps={args.steps}", *MODEL, f"data.buckets=[[{FRAMES},{HEIGHT},{WIDTH}]]",
+         f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{','.join(map(str, PATCH))}]",
+         f"data.frame_stride={args.frame_stride}", "data.num_workers=1", f"optim.lr={args.lr}",
+         "optim.warmup_steps=100", "optim.ema_decay=0.99", "checkpoint.every_steps=500"], out / "train.log")
+    train_s = time.perf_counter() - t_train
+    run([str(bin_dir / "vfm-export"), str(out / "run"), str(out / "export")], out / "export.log")
+
+    prompts = held_out_prompts(args.seeds)
+    print(f"4. sample {len(prompts)} videos of held-out prompts ({args.sample_steps} steps, guidance "
+          f"{args.guidance}) and measure them", flush=True)
+    results = sample_and_measure(out / "export", prompts, args.sample_steps, args.guidance)
+    colour_ok = np.mean([r["seen_colour"] == r["colour"] for r in results])
+    direction_ok = np.mean([r["seen_direction"] == r["direction"] for r in results])
+    save_grid(results, out / "samples.png")
+    losses = [json.loads(line)["loss"] for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    print(f"   {'':24} {'measured':>9} {'target':>7} {'chance':>7}")
+    print(f"   {'colour matches prompt':24} {colour_ok:9.1%} {'>= 80%':>7} {1 / len(COLOURS):7.1%}")
+    print(f"   {'direction matches':24} {direction_ok:9.1%} {'>= 70%':>7} {1 / len(DIRECTIONS):7.1%}")
+    print(f"   training: {train_s / 60:.1f} min, loss {np.mean(losses[:20]):.3f} (first 20 steps) -> "
+          f"{np.mean(losses[-20:]):.3f} (last 20); grid: {out / 'samples.png'}, loss curve: {out / 'run' / 'loss.png'}")
+    print(json.dumps({"bench": "learn", "colour_match": round(float(colour_ok), 3),
+                      "direction_match": round(float(direction_ok), 3), "train_minutes": round(train_s / 60, 1),
+                      "steps": args.steps, "samples": len(results)}))
+
+
+if __name__ == "__main__":
+    main()

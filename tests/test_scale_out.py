@@ -1,0 +1,213 @@
+"""Scale out on one machine with real processes: a two-node Ray cluster (`ray start --head` plus a
+second raylet) running `ray job submit -- vfm-curate ... ray.address=auto`, and torchrun across two
+launchers ("nodes") with c10d rendezvous. Each must equal its single-node run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from vfm_testmedia import write_test_shards
+
+import conf
+from curator.pipeline import curate
+from curator.writer import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- curation on a Ray cluster ---------------------------------------------------------------------
+
+
+class RayCluster:
+    """A head node and one worker node on this machine, each with 1 CPU and a custom resource. Its
+    processes are found by its own temp dir, so stopping it never touches another Ray instance."""
+
+    def __init__(self):
+        self.temp_dir = tempfile.mkdtemp(prefix="vfmray-", dir="/tmp")  # short: Ray's socket paths are bounded
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    def _ray(self, *args: str) -> None:
+        r = subprocess.run([str(BIN / "ray"), "start", *args, "--disable-usage-stats"], env=self.env,
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def start(self) -> RayCluster:
+        self._ray("--head", f"--port={self.port}", "--num-cpus=1", '--resources={"vfm_head": 1}',
+                  f"--temp-dir={self.temp_dir}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                  f"--dashboard-port={self.dashboard_port}", "--node-ip-address=127.0.0.1")
+        self._ray(f"--address=127.0.0.1:{self.port}", "--num-cpus=1", '--resources={"vfm_worker": 1}',
+                  "--node-ip-address=127.0.0.1", f"--dashboard-agent-listen-port={free_port()}",
+                  f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+                  f"--metrics-export-port={free_port()}")
+        return self
+
+    def pids(self, name: str | None = None) -> list[int]:
+        """This cluster's processes (those naming its temp dir), optionally only one kind."""
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            text = " ".join(args)
+            if self.temp_dir in text and (name is None or name in Path(args[0]).name):
+                found.append(int(cmdline.parent.name))
+        return found
+
+    def worker_raylet(self) -> int:
+        raylets = [p for p in self.pids("raylet")
+                   if "vfm_worker" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        assert len(raylets) == 1, raylets
+        return raylets[0]
+
+    def stop(self) -> None:
+        for _ in range(3):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster():
+    c = RayCluster()
+    try:
+        yield c.start()
+    finally:  # also when the test fails
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def inputs(synth_corpus, bikes, tmp_path_factory) -> Path:
+    """The synthetic corpus and three copies of bikes.mp4: enough work to spread over two nodes."""
+    media_dir, _ = synth_corpus
+    root = tmp_path_factory.mktemp("cluster-inputs")
+    for p in media_dir.glob("*.mp4"):
+        shutil.copy(p, root / p.name)
+    for i in range(3):
+        shutil.copy(bikes, root / f"bikes-{i}.mp4")
+    return root
+
+
+@pytest.fixture(scope="module")
+def single_node(inputs, ray_local, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("single-node")
+    curate(conf.compose("curate", [f"input={inputs}", f"output={out}", "ray.num_cpus=2"]), log=lambda *_: None)
+    return out
+
+
+def contents(out: Path) -> tuple[list[dict], dict[str, bytes]]:
+    """What a curated output holds, without the per-run timings: manifest records by source, and
+    every shard member's bytes."""
+    records = sorted(({k: v for k, v in r.items() if k != "timings"} for r in read_jsonl(out / "manifest.jsonl")),
+                     key=lambda r: r["source"])
+    members = {}
+    for shard in sorted((out / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar:
+                members[m.name] = tar.extractfile(m).read()
+    return records, members
+
+
+def submit(cluster: RayCluster, inputs: Path, out: Path) -> subprocess.Popen:
+    entrypoint = f"{BIN / 'vfm-curate'} input={inputs} output={out} ray.address=auto"
+    return subprocess.Popen([str(BIN / "ray"), "job", "submit", f"--address={cluster.dashboard}", "--", entrypoint],
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def tasks_per_node(cluster: RayCluster) -> dict[str, int]:
+    from ray.util.state import list_nodes, list_tasks
+
+    names = {n.node_id: next(k for k in n.resources_total if k.startswith("vfm_"))
+             for n in list_nodes(address=cluster.dashboard) if any(k.startswith("vfm_") for k in n.resources_total)}
+    counts: dict[str, int] = {}
+    for t in list_tasks(address=cluster.dashboard, limit=10_000, raise_on_missing_output=False):
+        if "SourceWorker" in (t.name or "") and t.node_id in names:
+            counts[names[t.node_id]] = counts.get(names[t.node_id], 0) + 1
+    return counts
+
+
+def test_ray_job_submit_on_a_two_node_cluster_places_work_on_both_and_equals_one_node(cluster, inputs, single_node,
+                                                                                      tmp_path):
+    out = tmp_path / "cluster-out"
+    job = submit(cluster, inputs, out)
+    log, _ = job.communicate(timeout=600)
+    assert job.returncode == 0 and "succeeded" in log, log[-3000:]
+    counts = tasks_per_node(cluster)
+    print("SourceWorker tasks per node:", counts)
+    assert counts.get("vfm_head", 0) >= 1 and counts.get("vfm_worker", 0) >= 1, counts
+    assert contents(out) == contents(single_node)
+
+
+def test_killing_the_worker_raylet_mid_job_still_finishes_with_identical_output(cluster, inputs, single_node,
+                                                                               tmp_path):
+    out = tmp_path / "cluster-out"
+    job = submit(cluster, inputs, out)
+    deadline = time.monotonic() + 300
+    while len(read_jsonl(out / "manifest.jsonl")) < 2:  # the job is under way on both nodes
+        assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-3000:]
+        time.sleep(0.1)
+    os.kill(cluster.worker_raylet(), signal.SIGKILL)
+    log, _ = job.communicate(timeout=600)
+    assert job.returncode == 0 and "succeeded" in log, log[-3000:]
+    assert contents(out) == contents(single_node)
+
+
+# --- training across torchrun "nodes" --------------------------------------------------------------
+
+LAYOUT = ["parallel.dp_shard=2", "parallel.cp=2", "parallel.cp_kind=ulysses"]
+DATA = ["data.buckets=[[8,32,48],[8,48,32]]", "data.tokens_per_batch=4096", "data.num_workers=1",
+        "checkpoint.every_steps=100"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_torchrun_across_two_launchers_gives_the_losses_of_one_launcher(tmp_path):
+    write_test_shards(tmp_path / "shards", seed=5, num_shards=4, per_shard=6)
+    args = lambda run: ["-m", "train", f"run_dir={run}", f"data.shards='{tmp_path / 'shards'}/*.tar'",  # noqa: E731
+                        "num_steps=4", *LAYOUT, *DATA]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    one = subprocess.run([*torchrun, "--standalone", "--nproc-per-node=4", *args(tmp_path / "one")], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([*torchrun, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                               f"--rdzv-endpoint={endpoint}", "--rdzv-id=vfm-test", *args(tmp_path / "two")],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    logs = [n.communicate(timeout=600)[0] for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), "\n".join(log[-2000:] for log in logs)
+    assert any("dp=2 cp=2" in log for log in logs)  # the layout the trainer reports
+    assert len(losses(tmp_path / "one")) == 4
+    assert losses(tmp_path / "two") == losses(tmp_path / "one")
+
