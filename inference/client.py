@@ -51,16 +51,22 @@ def submit(url: str, body: dict) -> str:
 
 
 def wait(url: str, job_id: str, poll_s: float = 0.3, show: bool = True) -> dict:
-    """The finished job's status, after following its progress."""
+    """The finished job's status, after following its progress (redrawn on a terminal, else one
+    line per change of status)."""
+    tty, last = sys.stdout.isatty(), None
     while True:
         status, reply = _call(f"{url}/v1/videos/{job_id}")
         if status != 200:
             raise RuntimeError(f"status of {job_id} ({status}): {reply.decode(errors='replace')}")
         job = json.loads(reply)
-        if show:
-            print(f"\r{job['status']}: step {job['progress']['step']}/{job['progress']['total']}", end="", flush=True)
+        line = f"{job['status']}: step {job['progress']['step']}/{job['progress']['total']}"
+        if show and tty:
+            print(f"\r{line}", end="", flush=True)
+        elif show and job["status"] != last:
+            print(line, flush=True)
+        last = job["status"]
         if job["status"] not in ("queued", "running"):
-            if show:
+            if show and tty:
                 print()
             return job
         time.sleep(poll_s)

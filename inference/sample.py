@@ -33,9 +33,15 @@ def sample(cfg: DictConfig) -> int:
         return 2
     init_parallel(pipe, dims)
 
+    tty = sys.stdout.isatty()
+
     def progress(step, total):
-        if rank == 0:
+        if rank != 0:
+            return
+        if tty:  # one line, redrawn
             print(f"\rstep {step}/{total}", end="\n" if step == total else "", flush=True)
+        elif step == total or step % max(1, total // 4) == 0:  # a log: a few plain lines
+            print(f"step {step}/{total}", flush=True)
 
     frames, timings = pipe([request], progress)
     if rank == 0:
