@@ -4,6 +4,7 @@ launchers ("nodes") with c10d rendezvous. Each must equal its single-node run.""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -112,10 +113,8 @@ class RayCluster:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.5)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
