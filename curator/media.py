@@ -153,10 +153,19 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             raise TruncatedStream(index, str(e)) from e
 
 
-def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, threads: int = 0,
+def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str,
                 keyframe_interval_s: float = 1.0) -> bytes:
     """H.264 yuv420p mp4 at a constant rate, in memory, with a keyframe every `keyframe_interval_s`
-    so that a loader reading a window of the clip seeks instead of decoding from its start."""
+    so that a loader reading a window of the clip seeks instead of decoding from its start.
+
+    A clip's bytes depend only on its frames and the config, not on the run, the machine or the
+    number of workers:
+    - x264 runs on one thread, as its output depends on its thread count; clips are encoded
+      concurrently instead (split.ClipEncoder), PyAV releasing the GIL while x264 works;
+    - macroblock-tree rate control is off: its AVX-512 code gave different bytes from run to run
+      for the same frames (seen with the libx264 in PyAV's wheel), and without it the bytes are the
+      same whether x264 uses SSSE3, AVX2 or AVX-512;
+    - the source's frame types (I/P/B, set by the decoder) are cleared, or x264 would copy them."""
     import io
 
     buf = io.BytesIO()
@@ -165,9 +174,10 @@ def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str, 
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
         gop = max(1, round(keyframe_interval_s * float(rate)))
-        stream.options = {"crf": str(crf), "preset": preset, "threads": str(threads) if threads else "auto",
-                          "g": str(gop), "keyint_min": str(gop)}
+        stream.options = {"crf": str(crf), "preset": preset, "threads": "1",
+                          "g": str(gop), "keyint_min": str(gop), "x264-params": "mbtree=0"}
         for i, frame in enumerate(frames):
+            frame.pict_type = av.video.frame.PictureType.NONE  # not the source's frame types
             frame.pts = i
             frame.time_base = 1 / rate
             for packet in stream.encode(frame):

@@ -5,7 +5,6 @@ launchers ("nodes") with c10d rendezvous. Each must equal its single-node run.""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -160,27 +159,12 @@ def contents(out: Path) -> tuple[list[dict], dict[str, bytes]]:
     return records, members
 
 
-def decoded(mp4: bytes):
-    import av
-    import numpy as np
-
-    with av.open(io.BytesIO(mp4)) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)]).astype(np.int16)
-
-
 def assert_same_output(a: Path, b: Path) -> None:
-    """Same records, same samples, same captions and metadata, and videos with the same frames. The
-    mp4 bytes themselves can differ: seen here, a clip whose first frame differs by ~0.03 levels on
-    average, a drift that grows to <1 level over the GOP (an open curator issue); so frames are
-    compared to within 2 levels on average."""
+    """Same records (but for timings) and byte-identical shard members: videos, captions, metadata."""
     (records_a, members_a), (records_b, members_b) = contents(a), contents(b)
     assert records_a == records_b
     assert sorted(members_a) == sorted(members_b)
-    differ = sorted(k for k in members_a if members_a[k] != members_b[k])
-    assert [k for k in differ if not k.endswith(".mp4")] == []
-    for k in differ:
-        fa, fb = decoded(members_a[k]), decoded(members_b[k])
-        assert fa.shape == fb.shape and abs(fa - fb).mean() <= 2, k
+    assert sorted(k for k in members_a if members_a[k] != members_b[k]) == []
 
 
 def submit(cluster: RayCluster, inputs: Path, out: Path) -> subprocess.Popen:

@@ -11,8 +11,11 @@ manifest record whose status says what happened.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,12 +45,59 @@ class Clip:
                 "kept": self.kept, "reason": self.reason}
 
 
+class ClipEncoder:
+    """Encodes a source's kept clips while decoding goes on: up to `workers` clips at once, each on
+    one x264 thread (see media.encode_clip), so a clip's bytes never depend on `workers`. With one
+    worker a clip is encoded in the caller, as soon as it is submitted. Frames held in flight are
+    bounded by `workers` clips."""
+
+    def __init__(self, workers: int, fps: float, transcode, timings: dict):
+        self.workers, self.fps, self.t, self.timings = workers, fps, transcode, timings
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="encode") if workers > 1 else None
+        self.in_flight: deque[Future] = deque()
+        self.lock = threading.Lock()
+        self.blocked_s = 0.0  # time the decoding loop spent encoding or waiting for encodes
+
+    def _encode(self, clip: Clip, frames: list) -> None:
+        t0 = time.perf_counter()
+        clip.mp4 = media.encode_clip(frames, self.fps, self.t.crf, self.t.preset, self.t.keyframe_interval_s)
+        with self.lock:
+            self.timings["encode_s"] += time.perf_counter() - t0
+
+    def submit(self, clip: Clip, frames: list) -> None:
+        t0 = time.perf_counter()
+        if self.pool is None:
+            self._encode(clip, frames)
+        else:
+            while len(self.in_flight) >= self.workers:
+                self.in_flight.popleft().result()
+            self.in_flight.append(self.pool.submit(self._encode, clip, frames))
+        self.blocked_s += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        """Wait for every clip; an encoder error is raised here."""
+        t0 = time.perf_counter()
+        while self.in_flight:
+            self.in_flight.popleft().result()
+        self.blocked_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def encode_workers(codec_threads: int | None) -> int:
+    """Clips encoded at once per source: `codec_threads`, or every core this process may use for 0."""
+    return codec_threads or len(os.sched_getaffinity(0))
+
+
 class _Splitter:
     """The online windowing state of one source; frames are pushed in decode order."""
 
-    def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict):
+    def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict,
+                 encoder: ClipEncoder):
         self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
-        self.out_size, self.timings = out_size, timings
+        self.out_size, self.timings, self.encoder = out_size, timings, encoder
         self.max_frames = max(1, round(cfg.clips.max_s * fps))
         self.trim = cfg.clips.trim_frames
         self.shots: list[list[int]] = []
@@ -103,12 +153,7 @@ class _Splitter:
                     width=w, height=h, shot_index=len(self.shots), start_s=round(t_start, 4),
                     end_s=round(t_last + 1 / self.fps, 4))
         if clip.kept:
-            t0 = time.perf_counter()
-            out = [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)]
-            t = self.cfg.transcode
-            clip.mp4 = media.encode_clip(out, self.out_fps, t.crf, t.preset, self.cfg.get("codec_threads") or 0,
-                                         t.keyframe_interval_s)
-            self.timings["encode_s"] += time.perf_counter() - t0
+            self.encoder.submit(clip, [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)])
         self.clips.append(clip)
 
 
@@ -161,17 +206,26 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
 
     out_fps = cfg.transcode.fps or p.fps
     out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
-    small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
     detector = GivenBoundaries(boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
-    lookahead = getattr(detector, "window", 0)
-    splitter = _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings)
+    encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
+    try:
+        return _split(path, p, cfg, detector, _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder),
+                      record)
+    finally:
+        encoder.close()
 
+
+def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record: dict) -> tuple[dict, list[Clip]]:
+    """The decoding pass of process_source."""
+    timings, encoder = record["timings"], splitter.encoder
+    small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
+    lookahead = getattr(detector, "window", 0)
     n = 0
     times: list[float] = []
     warning = None
     t_loop = time.perf_counter()
     try:
-        for frame in media.decode(path, p, small_size, out_size, threads=cfg.get("codec_threads") or 0):
+        for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0):
             n = frame.index + 1
             times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
             for b in detector.push(frame.small):
@@ -188,11 +242,12 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
         record["error"] = "no decodable video frame"
         return record, []
     splitter.boundary(n, 0)
-    timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - timings["encode_s"]
+    encoder.finish()
+    timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - encoder.blocked_s
 
     cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
     record.update({"status": "ok", "num_frames": n, "warning": warning, "shots": splitter.shots,
                    "scene_cuts": cuts, "scene_cuts_s": [round(times[c], 4) for c in cuts if c < len(times)],
                    "clips": [c.record() for c in splitter.clips],
-                   "out_width": out_size[0], "out_height": out_size[1], "out_fps": out_fps})
+                   "out_width": splitter.out_size[0], "out_height": splitter.out_size[1], "out_fps": splitter.out_fps})
     return record, splitter.clips
