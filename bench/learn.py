@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=32, help="clips per step")
     parser.add_argument("--frame-stride", type=int, default=3, help="source frames between training frames")
+    parser.add_argument("--shift", type=float, default=3.0,
+                        help="timestep shift for training and sampling; > 1 trains more at high noise, where "
+                             "a sample's layout (where the object is, which way it goes) is decided")
     parser.add_argument("--sample-steps", type=int, default=30)
     parser.add_argument("--guidance", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, default=2, help="samples per held-out prompt")
@@ -190,7 +193,8 @@ def train(args, out: Path, bin_dir: Path) -> float:
          f"num_steps={args.steps}", *MODEL, f"data.buckets=[[{FRAMES},{HEIGHT},{WIDTH}]]",
          f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{','.join(map(str, PATCH))}]",
          f"data.frame_stride={args.frame_stride}", "data.num_workers=1", f"optim.lr={args.lr}",
-         "optim.warmup_steps=100", "optim.ema_decay=0.99", "checkpoint.every_steps=500"], out / "train.log")
+         "optim.warmup_steps=100", "optim.ema_decay=0.99", "checkpoint.every_steps=500",
+         f"diffusion.shift={args.shift}"], out / "train.log")
     train_s = time.perf_counter() - t_train
     run([str(bin_dir / "vfm-export"), str(out / "run"), str(out / "export")], out / "export.log")
     return train_s

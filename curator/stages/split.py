@@ -3,7 +3,8 @@
 These are separate steps in the data flow, but they share one pass over the source's frames: each
 decoded frame is downscaled once for analysis and once for the output size, shot boundaries come
 from the online detector a few frames later, and a clip is measured, judged and encoded as soon as
-its last frame is known. Memory is bounded by one clip's frames, whatever the source's length.
+its last frame is known. Memory is bounded by a few clips' frames (the one being cut and those being
+encoded), whatever the source's length.
 
 `process_source` is the whole job for one input and never raises for bad media: the result is a
 manifest record whose status says what happened.
@@ -87,8 +88,9 @@ class ClipEncoder:
 
 
 def encode_workers(codec_threads: int | None) -> int:
-    """Clips encoded at once per source: `codec_threads`, or every core this process may use for 0."""
-    return codec_threads or len(os.sched_getaffinity(0))
+    """Clips encoded at once per source: `codec_threads`, or for 0 one per core this process may use,
+    at most 4 (one decoding pass does not feed more, and each holds a clip's frames)."""
+    return codec_threads or min(4, len(os.sched_getaffinity(0)))
 
 
 class _Splitter:
