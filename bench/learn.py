@@ -180,11 +180,7 @@ def main() -> None:
     summary = json.loads((out / "curated" / "summary.json").read_text())
     print(f"   {summary['kept']} clips kept of {summary['clips']}", flush=True)
 
-    if not args.sample_only:
-        train_s = train(args, out, bin_dir)
-    else:
-        train_s = float("nan")
-    evaluate(args, out, train_s)
+    evaluate(args, out, float("nan") if args.sample_only else train(args, out, bin_dir))
 
 
 def train(args, out: Path, bin_dir: Path) -> float:

@@ -144,7 +144,7 @@ class CurateConfig:
     num_workers: int | None = None  # concurrent sources; None: one per CPU of the Ray cluster
     # Decoder threads and clips encoded at once, per source; None: 1 when several sources run at
     # once (they fill the cores between them), else 0: FFmpeg's choice of decoder threads and one
-    # clip per core. It never changes the output (see media.encode_clip).
+    # clip per core, at most 4. It never changes the output (see media.encode_clip).
     codec_threads: int | None = None
     source_timeout_s: float = 1800.0  # a source that takes longer gets an error record
     report: bool = False  # also write <output>/report/index.html (vfm-report) at the end
