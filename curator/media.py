@@ -100,12 +100,16 @@ class DecodedFrame:
     time_s: float | None  # presentation time; frame index / fps is wrong for variable frame rates
 
 
-def _upright(frame: av.VideoFrame, rotation: int, fmt: str) -> av.VideoFrame:
-    """Turn a frame by the container's display rotation (counter-clockwise degrees)."""
-    if not rotation:
-        return frame
-    arr = np.rot90(frame.to_ndarray(format="rgb24"), k=rotation // 90)
-    return av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24").reformat(format=fmt)
+def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
+    """Turn a yuv420p frame (even sizes) by the display rotation (counter-clockwise degrees), plane
+    by plane: lossless, and without the round trip through RGB."""
+    k = rotation // 90
+    h, w = frame.height, frame.width
+    packed = frame.to_ndarray()  # (h * 3/2, w): the Y plane's rows, then the U and V planes
+    u, v = packed[h:].reshape(2, h // 2, w // 2)
+    planes = [np.rot90(p, k) for p in (packed[:h], u, v)]
+    out = np.concatenate([p.ravel() for p in planes]).reshape(-1, planes[0].shape[1])
+    return av.VideoFrame.from_ndarray(out, format="yuv420p")
 
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
@@ -140,11 +144,13 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     ow, oh = pre(out_size)
                     frame = out = to_out.reformat(frame, width=ow, height=oh, format="yuv420p",
                                                   interpolation="BILINEAR")
-                small = to_small.reformat(frame, width=sw, height=sh, format="rgb24", interpolation="AREA")
+                small = to_small.reformat(frame, width=sw, height=sh, format="rgb24",
+                                          interpolation="AREA").to_ndarray()  # (sh, sw, 3)
                 if rot:
-                    small, out = _upright(small, rot, "rgb24"), out and _upright(out, rot, "yuv420p")
+                    small = np.ascontiguousarray(np.rot90(small, rot // 90))
+                    out = out and _rotate_yuv420p(out, rot)
                 time_s = float(frame.time) if frame.time is not None else None
-                yield DecodedFrame(index, small.to_ndarray(), out, time_s)
+                yield DecodedFrame(index, small, out, time_s)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:

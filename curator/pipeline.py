@@ -3,7 +3,8 @@
     inputs ─► [ShotDetector (actor pool), only for detector=transnetv2]
            ─► SourceWorker (actor pool; each source in the actor's sandbox process:
               probe → detect → window → measure → filter → transcode, one decoding pass)
-           ─► Captioner (one light actor, or a GPU/CPU actor pool for captioner=vlm)
+              and, for a light captioner (attributes, sidecar), caption
+           ─► [Captioner (a GPU/CPU actor pool), only for captioner=vlm]
            ─► driver: dedup → shards + manifest.jsonl, then summary.json
 
 On a laptop `ray.init()` starts a local instance; with `ray.address=auto` the same chain runs on a
@@ -97,12 +98,16 @@ def _work(path: str, cfg_dict: dict, boundaries: list[int] | None = None) -> tup
 
 class SourceWorker:
     """Ray Data actor. Each source runs in the worker's sandbox process, so a decoder that crashes
-    or hangs on a corrupt stream costs that source an error record, not the run."""
+    or hangs on a corrupt stream costs that source an error record, not the run. A light captioner
+    (no model) captions the clips here too; a model captioner is a stage of its own."""
 
-    def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work"):
+    def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work",
+                 caption_here: bool = False):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
         self.work = work  # "module:function": (path, cfg_dict, boundaries) -> (record, clip metas, mp4s)
-        self.sandbox = Sandbox()
+        self.sandbox = Sandbox(preload=work.split(":")[0])
+        self.sandbox.start()  # the child loads its libraries while Ray sets up the rest of the pool
+        self.captioner = Captioner(cfg_dict["captioner"]) if caption_here else None
 
     def __call__(self, row: dict) -> dict:
         path = row["path"]
@@ -115,7 +120,8 @@ class SourceWorker:
         except SandboxError as e:
             record, metas, mp4s = _error(path, str(e)), [], []
         record["clips"] = metas
-        return {"path": path, "record": json.dumps(record), "mp4": mp4s}
+        row = {"path": path, "record": json.dumps(record), "mp4": mp4s}
+        return self.captioner(row) if self.captioner is not None else row
 
 
 def _error(path: str, message: str) -> dict:
@@ -230,13 +236,14 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
         ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],
                                                         "timeout_s": cfg.source_timeout_s},
                     compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
-    ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s},
-                compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
     cap = cfg.captioner
-    model_stage = cap.name == "vlm"  # a model: its own actors and resources; else a light actor
-    ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
-                compute=ray.data.ActorPoolStrategy(size=cap.num_actors if model_stage else 1),
-                num_cpus=1 if model_stage else 0, num_gpus=cap.num_gpus if model_stage else 0)
+    model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
+    ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
+                                                    "caption_here": not model_stage},
+                compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
+    if model_stage:
+        ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
+                    compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
 
     cfg_hash = config_hash(cfg)
     t_write = 0.0

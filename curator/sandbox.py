@@ -49,18 +49,26 @@ def _write(stream, obj) -> None:
 
 
 class Sandbox:
-    def __init__(self):
+    """`preload`: a module the child imports as soon as it starts (the jobs' own), so that a pool's
+    children load their libraries while the pool is still being set up, not at their first job."""
+
+    def __init__(self, preload: str | None = None):
+        self.preload = preload
         self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the child now rather than at the first job; returns without waiting for it."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        return subprocess.Popen([sys.executable, "-m", "curator.sandbox"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        return subprocess.Popen([sys.executable, "-m", "curator.sandbox", *([self.preload] if self.preload else [])],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def run(self, func: str, *args, timeout_s: float | None = None):
         """Call `func` ("module:function") with `args` in the child; its result, or SandboxError."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
+        self.start()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             _write(self.proc.stdin, (func, args))
@@ -86,10 +94,15 @@ class Sandbox:
             self.proc = None
 
 
-def _serve() -> None:
+def _serve(preload: str | None) -> None:
     # The protocol owns the real stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    if preload:
+        try:
+            importlib.import_module(preload)
+        except Exception:  # noqa: BLE001 - the first job that needs it reports the failure
+            pass
     inp = sys.stdin.buffer
     funcs = {}
     while True:
@@ -108,4 +121,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1] if len(sys.argv) > 1 else None)

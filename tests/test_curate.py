@@ -241,6 +241,34 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     assert len(rows[0]["mp4"]) == sum(c["kept"] for c in records[0]["clips"]) > 0
 
 
+def test_sandbox_child_loads_the_jobs_module_before_the_first_job():
+    from curator.sandbox import Sandbox
+
+    warm, cold, broken = Sandbox(preload="curator.synth"), Sandbox(), Sandbox(preload="no_such_module_here")
+    try:
+        warm.start()
+        assert warm.run("vfm_testmedia:loaded", "curator.synth") is True
+        assert cold.run("vfm_testmedia:loaded", "curator.synth") is False
+        assert broken.run("vfm_testmedia:loaded", "curator.synth") is False  # a bad preload still serves
+    finally:
+        for sandbox in (warm, cold, broken):
+            sandbox.close()
+
+
+@pytest.mark.parametrize("rotation", [90, 180, 270])
+def test_rotation_turns_yuv_planes_like_the_picture(rotation):
+    from curator.media import _rotate_yuv420p
+
+    rgb = np.zeros((64, 96, 3), np.uint8)
+    rgb[:32, :48], rgb[:32, 48:], rgb[32:, :48] = (230, 20, 20), (20, 200, 40), (30, 40, 220)
+    rgb[40:48, 60:90] = 255
+    frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+    turned = _rotate_yuv420p(frame, rotation)
+    expected = np.rot90(frame.to_ndarray(format="rgb24"), rotation // 90)
+    assert (turned.width, turned.height) == (expected.shape[1], expected.shape[0])
+    assert np.abs(turned.to_ndarray(format="rgb24").astype(int) - expected).mean() < 2
+
+
 def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_path, bikes, synth_corpus, ray_local):
     media_dir, _ = synth_corpus
     inputs = tmp_path / "in"

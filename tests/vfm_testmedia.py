@@ -323,3 +323,10 @@ def sampling_rank_worker(rank: int, world: int, export: str, layout: dict, rende
     requests = [Request(**r) for r in layout["requests"]]
     latents = pipe.sample_latents(requests)
     _finish_rank(latents.tolist(), world, rank, out)
+
+
+def loaded(module: str) -> bool:
+    """A sandbox job: whether `module` was imported in the child before this job ran."""
+    import sys
+
+    return module in sys.modules

@@ -78,14 +78,17 @@ def measure(small: np.ndarray) -> dict:
     motion = float(np.abs(np.diff(gray, axis=0)).mean()) if t > 1 else 0.0
     # Fraction of pixels that change visibly between frames, in any channel (an object can have
     # its background's luma): codec noise on a still shot stays near 0, a small moving object not.
-    changed = np.abs(np.diff(f, axis=0)).max(-1) > CHANGED_LEVEL if t > 1 else np.zeros(1)  # (T-1, h, w)
+    # (|a - b| in uint8 without wrapping round: the larger minus the smaller.)
+    changed = (np.maximum(small[1:], small[:-1]) - np.minimum(small[1:], small[:-1])).max(-1) > CHANGED_LEVEL \
+        if t > 1 else np.zeros(1)  # (T-1, h, w)
     motion_area = float(changed.mean())
 
     # Background: the per-pixel median over time; foreground: what differs from it. When most of
     # the frame differs from that median the camera moves, and the global shift says where.
-    background = np.median(f, axis=0)  # (h, w, 3)
+    background = np.median(small, axis=0).astype(np.float32)  # (h, w, 3); halves are exact in float32
     bg_colour = colour_name(np.median(background.reshape(-1, 3), axis=0))
-    fg = np.abs(f - background).sum(-1) > 60  # (T, h, w)
+    diff = np.abs(f - background)  # (T, h, w, 3)
+    fg = diff[..., 0] + diff[..., 1] + diff[..., 2] > 60  # (T, h, w)
     fg_frac = float(fg.mean())
     fg_colour, fg_direction, pan_direction = None, None, None
     if fg_frac > CAMERA_MOTION_AREA:

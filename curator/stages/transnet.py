@@ -58,7 +58,8 @@ class ShotDetector:
 
     def __init__(self, cfg_dict: dict, timeout_s: float):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
-        self.sandbox = Sandbox()
+        self.sandbox = Sandbox(preload=__name__)
+        self.sandbox.start()
 
     def __call__(self, row: dict) -> dict:
         try:
