@@ -12,7 +12,7 @@ object's centroid over the frames. Figures: how often the colour matches the pro
 and how often the direction does (target >= 70%), beside chance (1/8 and 1/4). A grid of samples is
 saved as an image.
 
-    python bench/learn.py [--steps 1500] [--out learn]      (make learn)
+    python bench/learn.py [--steps 2600] [--out learn]      (make learn)
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ DIRECTIONS = sorted(synth.DIRECTIONS)  # 4
 # Each colour is never seen moving in one direction: 8 held-out pairs, every direction held out twice.
 HELD_OUT = {(c, DIRECTIONS[i % 4]) for i, c in enumerate(COLOURS)}
 HEIGHT, WIDTH = 24, 32
-# A small DiT on tokens of 2 frames x 4x4 pixels (4 x 6 x 8 = 192 tokens a clip): about 55 clips/s
-# to train here, against 32 with one-frame tokens.
-MODEL = ["model.hidden_size=128", "model.num_layers=4", "model.num_heads=4", "model.patch_size=[2,4,4]"]
-PATCH = (2, 4, 4)
+# A small DiT; its tokens are `--patch` frames x pixels. The default, one frame x 4x4 pixels on 4 frames
+# (4 x 6 x 8 = 192 tokens a clip), trains at about 52 clips/s here.
+MODEL = ["model.hidden_size=128", "model.num_layers=4", "model.num_heads=4"]
 
 
 def write_corpus(out: Path) -> int:
@@ -153,8 +152,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2600, help="training steps (sized for <= 30 min here)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=32, help="clips per step")
-    parser.add_argument("--frames", type=int, default=8, help="frames per clip (a multiple of the temporal patch, 2)")
-    parser.add_argument("--frame-stride", type=int, default=3, help="source frames between training frames")
+    parser.add_argument("--frames", type=int, default=4, help="frames per clip (a multiple of the token's frames)")
+    parser.add_argument("--patch", default="1,4,4", help="a token's frames,height,width in pixels")
+    parser.add_argument("--pooled-text", action="store_true",
+                        help="model.pooled_text: the prompt's mean token in every block's AdaLN too")
+    parser.add_argument("--frame-stride", type=int, default=12,
+                        help="source frames between training frames (12: 4 frames span 37 of a clip's 48)")
     parser.add_argument("--shift", type=float, default=1.0,
                         help="timestep shift for training and sampling; > 1 trains more at high noise, where "
                              "a sample's layout (where the object is, which way it goes) is decided")
@@ -163,6 +166,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="samples per held-out prompt")
     parser.add_argument("--sample-only", action="store_true", help="sample and measure the export of an earlier run")
     args = parser.parse_args()
+    args.patch = tuple(int(v) for v in args.patch.split(","))
+    if len(args.patch) != 3 or args.frames % args.patch[0] or HEIGHT % args.patch[1] or WIDTH % args.patch[2]:
+        parser.error(f"--patch {args.patch} must divide --frames {args.frames} and {HEIGHT}x{WIDTH}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -184,12 +190,15 @@ def main() -> None:
 
 
 def train(args, out: Path, bin_dir: Path) -> float:
-    tokens = args.frames // PATCH[0] * (HEIGHT // PATCH[1]) * (WIDTH // PATCH[2])
+    patch = args.patch
+    tokens = args.frames // patch[0] * (HEIGHT // patch[1]) * (WIDTH // patch[2])
     print(f"3. train {args.steps} steps, {args.batch} clips of {args.frames}x{HEIGHT}x{WIDTH} per step", flush=True)
     t_train = time.perf_counter()
     run([str(bin_dir / "vfm-train"), f"run_dir={out / 'run'}", f"data.shards={out / 'curated'}",
-         f"num_steps={args.steps}", *MODEL, f"data.buckets=[[{args.frames},{HEIGHT},{WIDTH}]]",
-         f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{','.join(map(str, PATCH))}]",
+         f"num_steps={args.steps}", *MODEL, f"model.patch_size=[{','.join(map(str, patch))}]",
+         f"model.pooled_text={str(args.pooled_text).lower()}",
+         f"data.buckets=[[{args.frames},{HEIGHT},{WIDTH}]]",
+         f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{','.join(map(str, patch))}]",
          f"data.frame_stride={args.frame_stride}", "data.num_workers=1", f"optim.lr={args.lr}",
          "optim.warmup_steps=100", "optim.ema_decay=0.99", "checkpoint.every_steps=500",
          f"diffusion.shift={args.shift}"], out / "train.log")

@@ -165,6 +165,7 @@ class ModelConfig:
     patch_size: list[int] = field(default_factory=lambda: [1, 2, 2])  # (t, h, w)
     adaln_lora_rank: int = 0  # 0: full AdaLN-Zero modulation per block
     qk_norm: bool = True
+    pooled_text: bool = False  # also condition AdaLN on the prompt's mean token (as SD3/Flux do)
 
 
 @dataclass

@@ -50,8 +50,9 @@ def test_sizes_that_do_not_divide_by_the_patch_are_refused():
         build("debug", patch_size=(2, 2, 2))(*_inputs(t=3))
 
 
-def test_zero_init_gives_zero_output_and_every_parameter_gets_a_gradient():
-    model = build("debug", adaln_lora_rank=8)
+@pytest.mark.parametrize("pooled_text", [False, True])
+def test_zero_init_gives_zero_output_and_every_parameter_gets_a_gradient(pooled_text):
+    model = build("debug", adaln_lora_rank=8, pooled_text=pooled_text)
     x, t, y, mask = _inputs()
     assert model(x, t, y, mask).abs().max() == 0
     _randomize_zero_init(model)
@@ -60,8 +61,9 @@ def test_zero_init_gives_zero_output_and_every_parameter_gets_a_gradient():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_padding_in_the_text_does_not_change_the_output():
-    model = build("debug")
+@pytest.mark.parametrize("pooled_text", [False, True])
+def test_padding_in_the_text_does_not_change_the_output(pooled_text):
+    model = build("debug", pooled_text=pooled_text)
     _randomize_zero_init(model)
     x, t, y, mask = _inputs(b=1)
     mask[:] = True
@@ -105,8 +107,23 @@ def test_rope_for_a_slice_equals_the_slice_of_the_whole():
     assert token_coords(grid, torch.tensor([0, 5, 20, 59])).tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [2, 3, 4]]
 
 
+def test_pooled_text_reaches_every_token_without_cross_attention():
+    """With pooled_text the prompt also conditions AdaLN: with every cross-attention's output zeroed,
+    another prompt still gives another output; without it, the prompt is then ignored."""
+    x, t, y, mask = _inputs()
+    other = torch.randn_like(y)
+    for pooled, depends in ((True, True), (False, False)):
+        model = build("debug", pooled_text=pooled)
+        _randomize_zero_init(model)
+        for block in model.blocks:
+            torch.nn.init.zeros_(block.cross_attn.to_out.weight)
+            torch.nn.init.zeros_(block.cross_attn.to_out.bias)
+        changed = not torch.allclose(model(x, t, y, mask), model(x, t, other, mask), atol=1e-6)
+        assert changed == depends, pooled
+
+
 def test_save_and_load_round_trip_bit_exact(tmp_path):
-    model = build("debug", adaln_lora_rank=4)
+    model = build("debug", adaln_lora_rank=4, pooled_text=True)
     _randomize_zero_init(model)
     model.save_pretrained(tmp_path / "dit")
     files = sorted(p.name for p in (tmp_path / "dit").iterdir())
@@ -116,7 +133,7 @@ def test_save_and_load_round_trip_bit_exact(tmp_path):
         assert torch.equal(a, b), n
     inputs = _inputs()
     assert torch.equal(model(*inputs), loaded(*inputs))
-    assert loaded.config.adaln_lora_rank == 4
+    assert loaded.config.adaln_lora_rank == 4 and loaded.config.pooled_text
 
 
 def test_adaln_lora_cuts_modulation_parameters():

@@ -159,7 +159,7 @@ class Trainer:
         m = cfg.model
         self.model = build(m.flavor, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                            mlp_ratio=m.mlp_ratio, patch_size=tuple(m.patch_size), adaln_lora_rank=m.adaln_lora_rank,
-                           qk_norm=m.qk_norm, in_channels=self.autoencoder.latent_channels,
+                           qk_norm=m.qk_norm, pooled_text=m.pooled_text, in_channels=self.autoencoder.latent_channels,
                            text_dim=self.text_encoder.dim).to(self.device)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         if self.world_size > 1:

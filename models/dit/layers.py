@@ -68,6 +68,27 @@ class TextProjection(nn.Module):
         return self.fc2(F.gelu(self.fc1(y), approximate="tanh"))
 
 
+class TextPooling(nn.Module):
+    """Text encoder states (B, L, Dt) and mask (B, L) -> (B, D): the prompt as one vector, the mean
+    of its tokens through an MLP, for the AdaLN conditioning (as SD3 and Flux add a pooled text
+    vector to the timestep's). Cross-attention reads the prompt token by token; this gives every
+    block the whole prompt at once, which is how a global property such as a motion direction
+    reaches all tokens."""
+
+    def __init__(self, text_dim: int, hidden_size: int):
+        super().__init__()
+        self.fc1 = nn.Linear(text_dim, hidden_size)
+        self.fc2 = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is None:
+            pooled = y.mean(1)  # (B, Dt)
+        else:
+            w = mask.to(y.dtype)[..., None]  # (B, L, 1)
+            pooled = (y * w).sum(1) / w.sum(1).clamp(min=1)  # (B, Dt)
+        return self.fc2(F.silu(self.fc1(pooled)))  # (B, D)
+
+
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, mlp_ratio: float):
         super().__init__()

@@ -2,6 +2,7 @@
 
     x (B, C, T, H, W) ─ PatchEmbed3D ─► tokens (B, N, D)
     t (B,) ─ TimestepEmbedder ─► c (B, D)          text (B, L, Dt) ─ TextProjection ─► (B, L, D)
+      (+ TextPooling(text) ─► (B, D) with pooled_text: the whole prompt in every block's AdaLN)
     num_layers × DiTBlock: AdaLN-Zero self-attention with 3D RoPE, cross-attention to text, MLP
     FinalLayer (AdaLN, linear) ─ unpatchify ─► velocity (B, C, T, H, W)
 
@@ -25,6 +26,7 @@ from models.dit.layers import (
     Modulation,
     PatchEmbed3D,
     RotaryEmbedding3D,
+    TextPooling,
     TextProjection,
     TimestepEmbedder,
     modulate,
@@ -79,13 +81,14 @@ class VideoDiT(ModelMixin, ConfigMixin):
     def __init__(self, in_channels: int = 3, out_channels: int | None = None, hidden_size: int = 64,
                  num_layers: int = 2, num_heads: int = 4, mlp_ratio: float = 4.0,
                  patch_size: tuple[int, int, int] = (1, 2, 2), text_dim: int = 384, qk_norm: bool = True,
-                 adaln_lora_rank: int = 0, rope_theta: float = 10000.0):
+                 adaln_lora_rank: int = 0, rope_theta: float = 10000.0, pooled_text: bool = False):
         super().__init__()
         self.out_channels = out_channels or in_channels
         self.patch_size = tuple(patch_size)
         self.patch_embed = PatchEmbed3D(in_channels, hidden_size, self.patch_size)
         self.time_embed = TimestepEmbedder(hidden_size)
         self.text_proj = TextProjection(text_dim, hidden_size)
+        self.text_pool = TextPooling(text_dim, hidden_size) if pooled_text else None
         self.rope = RotaryEmbedding3D(hidden_size // num_heads, rope_theta)
         self.token_layout = TokenLayout()
         self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, adaln_lora_rank)
@@ -134,6 +137,8 @@ class VideoDiT(ModelMixin, ConfigMixin):
         grid = self.grid(x.shape)
         tokens, index = self.token_layout.split(self.patch_embed(x), grid)  # (B, n, D): n = N on one device
         c = self.time_embed(t)  # (B, D)
+        if self.text_pool is not None:
+            c = c + self.text_pool(text_emb, text_mask)  # (B, D)
         text = self.text_proj(text_emb)  # (B, L, D)
         mask = None if text_mask is None else text_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
         rope = self.rope(grid, index)
@@ -173,7 +178,7 @@ def build(flavor: str, **overrides) -> VideoDiT:
 def matmul_params(model: VideoDiT) -> int:
     """Parameters that take part in a matrix product per token (all but norms and biases)."""
     return sum(p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and "time_embed" not in n
-               and "modulation" not in n and "text_proj" not in n)
+               and "modulation" not in n and "text_proj" not in n and "text_pool" not in n)
 
 
 def flops_per_token(model: VideoDiT, num_tokens: int, text_len: int, training: bool = True) -> float:
