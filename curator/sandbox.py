@@ -101,8 +101,8 @@ def _serve(preload: str | None) -> None:
     if preload:
         try:
             importlib.import_module(preload)
-        except Exception:  # noqa: BLE001 - the first job that needs it reports the failure
-            pass
+        except Exception as e:  # noqa: BLE001 - the first job that needs it fails with its own message
+            print(f"curator.sandbox: could not preload {preload}: {e}", file=sys.stderr)
     inp = sys.stdin.buffer
     funcs = {}
     while True:

@@ -72,8 +72,7 @@ class TextPooling(nn.Module):
     """Text encoder states (B, L, Dt) and mask (B, L) -> (B, D): the prompt as one vector, the mean
     of its tokens through an MLP, for the AdaLN conditioning (as SD3 and Flux add a pooled text
     vector to the timestep's). Cross-attention reads the prompt token by token; this gives every
-    block the whole prompt at once, which is how a global property such as a motion direction
-    reaches all tokens."""
+    block the whole prompt at once."""
 
     def __init__(self, text_dim: int, hidden_size: int):
         super().__init__()
