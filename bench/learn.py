@@ -190,15 +190,15 @@ def main() -> None:
 
 
 def train(args, out: Path, bin_dir: Path) -> float:
-    patch = args.patch
-    tokens = args.frames // patch[0] * (HEIGHT // patch[1]) * (WIDTH // patch[2])
+    tokens = args.frames // args.patch[0] * (HEIGHT // args.patch[1]) * (WIDTH // args.patch[2])
+    patch = ",".join(map(str, args.patch))
     print(f"3. train {args.steps} steps, {args.batch} clips of {args.frames}x{HEIGHT}x{WIDTH} per step", flush=True)
     t_train = time.perf_counter()
     run([str(bin_dir / "vfm-train"), f"run_dir={out / 'run'}", f"data.shards={out / 'curated'}",
-         f"num_steps={args.steps}", *MODEL, f"model.patch_size=[{','.join(map(str, patch))}]",
+         f"num_steps={args.steps}", *MODEL, f"model.patch_size=[{patch}]",
          f"model.pooled_text={str(args.pooled_text).lower()}",
          f"data.buckets=[[{args.frames},{HEIGHT},{WIDTH}]]",
-         f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{','.join(map(str, patch))}]",
+         f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{patch}]",
          f"data.frame_stride={args.frame_stride}", "data.num_workers=1", f"optim.lr={args.lr}",
          "optim.warmup_steps=100", "optim.ema_decay=0.99", "checkpoint.every_steps=500",
          f"diffusion.shift={args.shift}"], out / "train.log")

@@ -34,7 +34,8 @@ def resolve_checkpoint(path: Path) -> Path:
     raise FileNotFoundError(f"{path} is neither a complete checkpoint nor a run directory with one")
 
 
-def model_from_config(model_cfg: dict, in_channels: int, text_dim: int) -> VideoDiT:
+def model_from_config(model_cfg, in_channels: int, text_dim: int) -> VideoDiT:
+    """The VideoDiT a `model` config describes (the run's DictConfig, or a checkpoint's dict)."""
     m = model_cfg
     return build(m["flavor"], hidden_size=m["hidden_size"], num_layers=m["num_layers"], num_heads=m["num_heads"],
                  mlp_ratio=m["mlp_ratio"], patch_size=tuple(m["patch_size"]), adaln_lora_rank=m["adaln_lora_rank"],

@@ -30,11 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 from dataloader.dataset import build_loader
 from dataloader.shards import expand_shards
 from models.autoencoder import build_autoencoder
-from models.dit.model import build, flops_per_token
+from models.dit.model import flops_per_token
 from models.flow import FlowMatching
 from models.text_encoder import build_text_encoder
 from train.checkpoint import Checkpointer, find_latest
 from train.ema import EMA
+from train.export import model_from_config
 from train.metrics import Metrics, peak_flops, peak_memory_mib
 from train.parallel_dims import ParallelDims
 from train.parallelize import parallelize, sync_gradients
@@ -156,11 +157,8 @@ class Trainer:
         self.autoencoder = build_autoencoder(cfg.autoencoder).to(self.device)
         data_cfg = OmegaConf.merge(cfg.data, {"token_size": token_size(cfg, self.autoencoder)})
         self.loader = build_loader(data_cfg, self.dp_rank, self.dims.dp, seed=cfg.seed, train=True)
-        m = cfg.model
-        self.model = build(m.flavor, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                           mlp_ratio=m.mlp_ratio, patch_size=tuple(m.patch_size), adaln_lora_rank=m.adaln_lora_rank,
-                           qk_norm=m.qk_norm, pooled_text=m.pooled_text, in_channels=self.autoencoder.latent_channels,
-                           text_dim=self.text_encoder.dim).to(self.device)
+        self.model = model_from_config(cfg.model, self.autoencoder.latent_channels,
+                                       self.text_encoder.dim).to(self.device)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         if self.world_size > 1:
             parallelize(self.model, self.dims, self.mesh, cfg.parallel.activation_checkpointing, cfg.parallel.compile)
