@@ -156,6 +156,9 @@ def main() -> None:
     parser.add_argument("--patch", default="1,4,4", help="a token's frames,height,width in pixels")
     parser.add_argument("--pooled-text", action="store_true",
                         help="model.pooled_text: the prompt's mean token in every block's AdaLN too")
+    parser.add_argument("--absolute-positions", action="store_true",
+                        help="model.absolute_positions: sin-cos embeddings of each token's (t, h, w) beside the "
+                             "3D RoPE, so a token knows where in the frame and clip it is")
     parser.add_argument("--frame-stride", type=int, default=12,
                         help="source frames between training frames (12: 4 frames span 37 of a clip's 48)")
     parser.add_argument("--shift", type=float, default=1.0,
@@ -197,6 +200,7 @@ def train(args, out: Path, bin_dir: Path) -> float:
     run([str(bin_dir / "vfm-train"), f"run_dir={out / 'run'}", f"data.shards={out / 'curated'}",
          f"num_steps={args.steps}", *MODEL, f"model.patch_size=[{patch}]",
          f"model.pooled_text={str(args.pooled_text).lower()}",
+         f"model.absolute_positions={str(args.absolute_positions).lower()}",
          f"data.buckets=[[{args.frames},{HEIGHT},{WIDTH}]]",
          f"data.tokens_per_batch={tokens * args.batch}", f"data.token_size=[{patch}]",
          f"data.frame_stride={args.frame_stride}", "data.num_workers=1", f"optim.lr={args.lr}",

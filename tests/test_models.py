@@ -122,8 +122,22 @@ def test_pooled_text_reaches_every_token_without_cross_attention():
         assert changed == depends, pooled
 
 
+def test_absolute_positions_tell_tokens_apart_where_rotary_ones_cannot():
+    """Every token of a constant video has the same content. Rotary positions only weigh the values
+    differently, and equal values stay equal, so every token's output is the same; with
+    absolute_positions each token knows where it is."""
+    x, t, y, mask = _inputs()
+    x = torch.ones_like(x)
+    for absolute in (False, True):
+        model = build("debug", absolute_positions=absolute)
+        _randomize_zero_init(model)
+        out = model(x, t, y, mask)[..., ::2, ::2]  # (B, C, T, H/2, W/2): one pixel of every (1, 2, 2) token
+        same = torch.allclose(out, out[..., :1, :1, :1].expand_as(out), atol=1e-6)
+        assert same != absolute, absolute
+
+
 def test_save_and_load_round_trip_bit_exact(tmp_path):
-    model = build("debug", adaln_lora_rank=4, pooled_text=True)
+    model = build("debug", adaln_lora_rank=4, pooled_text=True, absolute_positions=True)
     _randomize_zero_init(model)
     model.save_pretrained(tmp_path / "dit")
     files = sorted(p.name for p in (tmp_path / "dit").iterdir())
@@ -133,7 +147,7 @@ def test_save_and_load_round_trip_bit_exact(tmp_path):
         assert torch.equal(a, b), n
     inputs = _inputs()
     assert torch.equal(model(*inputs), loaded(*inputs))
-    assert loaded.config.adaln_lora_rank == 4 and loaded.config.pooled_text
+    assert loaded.config.adaln_lora_rank == 4 and loaded.config.pooled_text and loaded.config.absolute_positions
 
 
 def test_adaln_lora_cuts_modulation_parameters():

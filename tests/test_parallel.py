@@ -10,19 +10,21 @@ from vfm_testmedia import parallel_equality_worker
 
 from train.parallel_dims import ParallelDims
 
+# Uneven splits also add absolute positions: each rank must embed its own tokens' coordinates.
+ABSOLUTE = {"absolute_positions": True}
 LAYOUTS = {
     "cp2_ulysses": (2, {"cp": 2}),
-    "cp2_ulysses_uneven": (2, {"cp": 2, "thw": (3, 6, 10)}),  # 45 tokens: padded and masked
+    "cp2_ulysses_uneven": (2, {"cp": 2, "thw": (3, 6, 10), "model": ABSOLUTE}),  # 45 tokens: padded and masked
     "tp2": (2, {"tp": 2}),
-    "tp2_sequence_parallel_uneven": (2, {"tp": 2, "sp": True, "thw": (3, 6, 10)}),  # 45 tokens in chunks of 23
+    "tp2_sequence_parallel_uneven": (2, {"tp": 2, "sp": True, "thw": (3, 6, 10), "model": ABSOLUTE}),  # 45 in 23s
     "cp2_tp2_sequence_parallel": (4, {"cp": 2, "tp": 2, "sp": True, "thw": (3, 6, 10)}),
     "tp2_sequence_parallel_checkpointed": (2, {"tp": 2, "sp": True, "ac": True}),
     "dp_shard2": (2, {"dp_shard": 2}),
     "cp2_tp2": (4, {"cp": 2, "tp": 2}),
     "cp4_ulysses_uneven": (4, {"cp": 4, "thw": (1, 6, 6)}),  # 9 tokens over 4 ranks
     "cp2_ring": (2, {"cp": 2, "cp_kind": "ring"}),
-    "cp2_ring_uneven": (2, {"cp": 2, "cp_kind": "ring", "thw": (3, 6, 10)}),
-    "cp4_hybrid": (4, {"cp": 4, "cp_kind": "hybrid", "thw": (3, 6, 10)}),  # Ulysses pairs, ring across
+    "cp2_ring_uneven": (2, {"cp": 2, "cp_kind": "ring", "thw": (3, 6, 10), "model": ABSOLUTE}),
+    "cp4_hybrid": (4, {"cp": 4, "cp_kind": "hybrid", "thw": (3, 6, 10), "model": ABSOLUTE}),  # Ulysses pairs, ring
     "cp2_ring_checkpointed": (2, {"cp": 2, "cp_kind": "ring", "ac": True}),  # recompute runs the ring again
     "dp_replicate2_dp_shard2": (4, {"dp_replicate": 2, "dp_shard": 2}),  # HSDP
 }

@@ -224,7 +224,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     torch.set_num_threads(1)  # several ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    ref = build("debug", num_heads=4, hidden_size=64)
+    ref = build("debug", num_heads=4, hidden_size=64, **layout.get("model", {}))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # no zero-initialised paths: every gradient is non-trivial
         for p in ref.parameters():

@@ -39,7 +39,8 @@ def model_from_config(model_cfg, in_channels: int, text_dim: int) -> VideoDiT:
     m = model_cfg
     return build(m["flavor"], hidden_size=m["hidden_size"], num_layers=m["num_layers"], num_heads=m["num_heads"],
                  mlp_ratio=m["mlp_ratio"], patch_size=tuple(m["patch_size"]), adaln_lora_rank=m["adaln_lora_rank"],
-                 qk_norm=m["qk_norm"], pooled_text=m.get("pooled_text", False),  # absent in older checkpoints
+                 qk_norm=m["qk_norm"], pooled_text=m.get("pooled_text", False),  # both absent in older checkpoints
+                 absolute_positions=m.get("absolute_positions", False),
                  in_channels=in_channels, text_dim=text_dim)
 
 

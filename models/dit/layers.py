@@ -157,6 +157,21 @@ class RotaryEmbedding3D(nn.Module):
         return angles.cos(), angles.sin()
 
 
+def sincos_positions(grid: tuple[int, int, int], index: torch.Tensor | None, dim: int) -> torch.Tensor:
+    """Fixed sin-cos embeddings of the tokens' absolute (t, h, w) grid coordinates, as DiT and Latte add
+    to their patch embeddings: (n, dim). The dimensions split over the axes as the rotary ones do, each
+    axis half sines and half cosines. `index`: the flat indices of the tokens wanted (None: all)."""
+    if index is None:
+        index = torch.arange(grid[0] * grid[1] * grid[2])
+    coords = token_coords(grid, index).float()  # (n, 3)
+    parts = []
+    for axis, d in enumerate(rope_axis_dims(dim)):
+        freqs = 1.0 / 10000.0 ** (torch.arange(d // 2, dtype=torch.float32) / max(d // 2, 1))  # (d/2,)
+        angles = coords[:, axis:axis + 1] * freqs[None]  # (n, d/2)
+        parts += [angles.sin(), angles.cos()]
+    return torch.cat(parts, dim=-1)  # (n, dim)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[2i], x[2i+1]) of x (B, H, n, Dh) by the angles of each token (n, Dh/2)."""
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (B, H, n, Dh/2) each

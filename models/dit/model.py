@@ -1,6 +1,7 @@
 """VideoDiT: a diffusion transformer over video latents, trained with flow matching.
 
     x (B, C, T, H, W) ─ PatchEmbed3D ─► tokens (B, N, D)
+      (+ sin-cos embeddings of each token's absolute (t, h, w) with absolute_positions)
     t (B,) ─ TimestepEmbedder ─► c (B, D)          text (B, L, Dt) ─ TextProjection ─► (B, L, D)
       (+ TextPooling(text) ─► (B, D) with pooled_text: the whole prompt in every block's AdaLN)
     num_layers × DiTBlock: AdaLN-Zero self-attention with 3D RoPE, cross-attention to text, MLP
@@ -30,6 +31,7 @@ from models.dit.layers import (
     TextProjection,
     TimestepEmbedder,
     modulate,
+    sincos_positions,
 )
 
 
@@ -81,7 +83,8 @@ class VideoDiT(ModelMixin, ConfigMixin):
     def __init__(self, in_channels: int = 3, out_channels: int | None = None, hidden_size: int = 64,
                  num_layers: int = 2, num_heads: int = 4, mlp_ratio: float = 4.0,
                  patch_size: tuple[int, int, int] = (1, 2, 2), text_dim: int = 384, qk_norm: bool = True,
-                 adaln_lora_rank: int = 0, rope_theta: float = 10000.0, pooled_text: bool = False):
+                 adaln_lora_rank: int = 0, rope_theta: float = 10000.0, pooled_text: bool = False,
+                 absolute_positions: bool = False):
         super().__init__()
         self.out_channels = out_channels or in_channels
         self.patch_size = tuple(patch_size)
@@ -90,6 +93,7 @@ class VideoDiT(ModelMixin, ConfigMixin):
         self.text_proj = TextProjection(text_dim, hidden_size)
         self.text_pool = TextPooling(text_dim, hidden_size) if pooled_text else None
         self.rope = RotaryEmbedding3D(hidden_size // num_heads, rope_theta)
+        self.absolute_positions = absolute_positions
         self.token_layout = TokenLayout()
         self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio, qk_norm, adaln_lora_rank)
                                     for _ in range(num_layers))
@@ -136,6 +140,8 @@ class VideoDiT(ModelMixin, ConfigMixin):
                 text_mask: torch.Tensor | None = None) -> torch.Tensor:
         grid = self.grid(x.shape)
         tokens, index = self.token_layout.split(self.patch_embed(x), grid)  # (B, n, D): n = N on one device
+        if self.absolute_positions:
+            tokens = tokens + sincos_positions(grid, index, tokens.shape[-1]).to(tokens)  # (n, D) broadcast
         c = self.time_embed(t)  # (B, D)
         if self.text_pool is not None:
             c = c + self.text_pool(text_emb, text_mask)  # (B, D)
