@@ -68,7 +68,7 @@ smoke: setup ## Run every stage that exists end to end on tiny videos
 lint: setup ## Check style with ruff
 	$(VENV)/bin/ruff check .
 
-learn: setup ## The learning check: train a small model ~27 min on synthetic shapes, measure prompt following
+learn: setup ## The learning check: train a small model ~29 min on synthetic shapes, measure prompt following
 	$(PY) bench/learn.py --out learn
 
 bench: setup ## Run every benchmark in bench/ and write bench/RESULTS.md
