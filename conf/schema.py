@@ -166,7 +166,7 @@ class ModelConfig:
     adaln_lora_rank: int = 0  # 0: full AdaLN-Zero modulation per block
     qk_norm: bool = True
     pooled_text: bool = False  # also condition AdaLN on the prompt's mean token (as SD3/Flux do)
-    absolute_positions: bool = False  # add sin-cos embeddings of each token's (t, h, w) to the 3D RoPE
+    absolute_positions: bool = False  # add sin-cos embeddings of each token's (t, h, w), beside the 3D RoPE
 
 
 @dataclass

@@ -136,6 +136,20 @@ def token_coords(grid: tuple[int, int, int], index: torch.Tensor) -> torch.Tenso
     return torch.stack([index // (gh * gw), (index // gw) % gh, index % gw], dim=-1)
 
 
+def axis_angles(grid: tuple[int, int, int], index: torch.Tensor | None, dims: tuple[int, int, int],
+                theta: float) -> list[torch.Tensor]:
+    """Per axis (t, h, w), the angles coordinate x theta^(-2k/d) of the tokens at flat indices `index`
+    (None: all): three (n, d/2) tensors, for axes of d = `dims` dimensions."""
+    if index is None:
+        index = torch.arange(grid[0] * grid[1] * grid[2])
+    coords = token_coords(grid, index).float()  # (n, 3)
+    angles = []
+    for axis, dim in enumerate(dims):
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # (dim/2,)
+        angles.append(coords[:, axis:axis + 1] * inv[None])  # (n, dim/2)
+    return angles
+
+
 class RotaryEmbedding3D(nn.Module):
     """cos/sin tables for tokens at (t, h, w) grid positions. `forward(grid, index)` takes the flat
     indices of the tokens wanted, so a context-parallel rank asks only for its own slice."""
@@ -146,30 +160,16 @@ class RotaryEmbedding3D(nn.Module):
         self.theta = theta
 
     def forward(self, grid: tuple[int, int, int], index: torch.Tensor | None = None):
-        if index is None:
-            index = torch.arange(grid[0] * grid[1] * grid[2])
-        coords = token_coords(grid, index).float()  # (n, 3)
-        angles = []
-        for axis, dim in enumerate(self.dims):
-            inv = 1.0 / self.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # (dim/2,)
-            angles.append(coords[:, axis:axis + 1] * inv[None])  # (n, dim/2)
-        angles = torch.cat(angles, dim=-1)  # (n, Dh/2)
+        angles = torch.cat(axis_angles(grid, index, self.dims, self.theta), dim=-1)  # (n, Dh/2)
         return angles.cos(), angles.sin()
 
 
 def sincos_positions(grid: tuple[int, int, int], index: torch.Tensor | None, dim: int) -> torch.Tensor:
     """Fixed sin-cos embeddings of the tokens' absolute (t, h, w) grid coordinates, as DiT and Latte add
-    to their patch embeddings: (n, dim). The dimensions split over the axes as the rotary ones do, each
-    axis half sines and half cosines. `index`: the flat indices of the tokens wanted (None: all)."""
-    if index is None:
-        index = torch.arange(grid[0] * grid[1] * grid[2])
-    coords = token_coords(grid, index).float()  # (n, 3)
-    parts = []
-    for axis, d in enumerate(rope_axis_dims(dim)):
-        freqs = 1.0 / 10000.0 ** (torch.arange(d // 2, dtype=torch.float32) / max(d // 2, 1))  # (d/2,)
-        angles = coords[:, axis:axis + 1] * freqs[None]  # (n, d/2)
-        parts += [angles.sin(), angles.cos()]
-    return torch.cat(parts, dim=-1)  # (n, dim)
+    to their patch embeddings: (n, dim). The dimensions and frequencies per axis are the rotary ones;
+    each axis is half sines, half cosines."""
+    angles = axis_angles(grid, index, rope_axis_dims(dim), 10000.0)  # 3 x (n, d/2)
+    return torch.cat([f(a) for a in angles for f in (torch.sin, torch.cos)], dim=-1)  # (n, dim)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
