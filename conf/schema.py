@@ -337,6 +337,7 @@ class ServerConfig:
     max_width: int = 512
     max_steps: int = 100
     max_prompt_chars: int = 1000
+    prompt_cache_mb: float = 64  # encoded prompts kept by text (the negative prompt, repeats); 0: off
 
 
 @dataclass

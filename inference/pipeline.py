@@ -1,6 +1,6 @@
 """Text to video with an exported vfm model: the visible sampling loop (diffusers style).
 
-    prompt, negative prompt ─► text encoder ─► (B, L, Dt) each
+    prompt, negative prompt ─► text encoder (through a cache of encoded prompts) ─► (B, L, Dt) each
     seed ─► initial noise (B, C, T', H', W'), one generator per request
     for each scheduler step: velocity of [cond; uncond] ─► v_u + g (v_c − v_u) ─► scheduler.step
     ─► autoencoder decode ─► uint8 frames (B, T, H, W, 3) ─► mp4 (and a gif preview)
@@ -14,6 +14,7 @@ same loop on the same inputs and ends with the same latents.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,13 +74,59 @@ class Limits:
         return problems
 
 
+class PromptCache:
+    """Encoded prompts by their text, the least recently used dropped first once they hold more than
+    `max_bytes`: the negative prompt (most often "") and repeated prompts are encoded once, not at
+    every request. `max_bytes=0` encodes every call afresh."""
+
+    def __init__(self, encoder, max_bytes: int):
+        self.encoder, self.max_bytes = encoder, max_bytes
+        self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()  # text -> (L_i, Dt), its own tokens
+        self.bytes = 0
+        self.hits = self.misses = 0
+
+    def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L, Dt) hidden states, zero past each text's tokens, and their (B, L) mask; L is the
+        longest text's token count."""
+        if self.max_bytes <= 0:
+            return self.encoder(texts)
+        missing = list(dict.fromkeys(t for t in texts if t not in self.entries))  # unique, in order
+        new = {}
+        if missing:
+            emb, mask = self.encoder(missing)  # (M, L, Dt), (M, L): one call for all of them
+            new = {t: e[m] for t, e, m in zip(missing, emb, mask, strict=True)}  # (L_i, Dt) each
+        rows = []
+        for t in texts:
+            if t in new:
+                rows.append(new[t])
+            else:
+                self.entries.move_to_end(t)
+                rows.append(self.entries[t])
+        self.hits += len(texts) - len(missing)
+        self.misses += len(missing)
+        for t, e in new.items():
+            self.entries[t] = e
+            self.bytes += e.nbytes
+        while self.bytes > self.max_bytes and self.entries:
+            self.bytes -= self.entries.popitem(last=False)[1].nbytes
+        length = max(r.shape[0] for r in rows)
+        first = rows[0]
+        out = first.new_zeros(len(rows), length, first.shape[1])  # (B, L, Dt)
+        mask = torch.zeros(len(rows), length, dtype=torch.bool, device=first.device)  # (B, L)
+        for i, r in enumerate(rows):
+            out[i, : r.shape[0]] = r
+            mask[i, : r.shape[0]] = True
+        return out, mask
+
+
 class VideoPipeline:
     def __init__(self, transformer: VideoDiT, text_encoder, autoencoder,
                  scheduler: str = "FlowMatchEulerDiscreteScheduler", shift: float = 1.0,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", prompt_cache_mb: float = 64):
         self.device = torch.device(device)
         self.transformer = transformer.to(self.device).eval()
         self.text_encoder = text_encoder.to(self.device)
+        self.prompts = PromptCache(self.text_encoder, int(prompt_cache_mb * 2**20))
         self.autoencoder = autoencoder.to(self.device)
         self.scheduler_name, self.shift = scheduler, shift
         self.cfg_group = None  # set by inference.parallel: the two ranks that split cond/uncond
@@ -87,7 +134,7 @@ class VideoPipeline:
 
     @classmethod
     def from_export(cls, folder: str | Path, scheduler: str | None = None, shift: float | None = None,
-                    device: torch.device | str = "cpu") -> VideoPipeline:
+                    device: torch.device | str = "cpu", prompt_cache_mb: float = 64) -> VideoPipeline:
         """From a `vfm-export` folder: transformer/ and vfm.yaml (text encoder, autoencoder, diffusion)."""
         folder = Path(folder)
         if not (folder / "vfm.yaml").is_file() or not (folder / "transformer").is_dir():
@@ -95,7 +142,8 @@ class VideoPipeline:
         info = OmegaConf.load(folder / "vfm.yaml")
         transformer = VideoDiT.from_pretrained(folder / "transformer", low_cpu_mem_usage=False)
         return cls(transformer, build_text_encoder(info.text_encoder), build_autoencoder(info.autoencoder),
-                   scheduler or info.diffusion.scheduler, info.diffusion.shift if shift is None else shift, device)
+                   scheduler or info.diffusion.scheduler, info.diffusion.shift if shift is None else shift, device,
+                   prompt_cache_mb)
 
     def limits(self, **kw) -> Limits:
         pt, ph, pw = self.transformer.patch_size
@@ -112,14 +160,15 @@ class VideoPipeline:
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.text_encoder(prompts)  # (B, L, Dt), (B, L)
+        return self.prompts(prompts)  # (B, L, Dt), (B, L)
 
-    def guidance_text(self, cond, uncond) -> tuple[torch.Tensor, torch.Tensor]:
-        """The text the model sees each step: [cond; uncond] (2B, L, Dt), or with CFG-parallel this
-        rank's half (B, L, Dt)."""
-        if self.cfg_group is not None:
-            return cond if self.cfg_rank == 0 else uncond
-        return _cat_padded(cond[0], uncond[0]), _cat_padded(cond[1], uncond[1])
+    def guidance_text(self, emb, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The text the model sees each step: all of [cond; uncond] (2B, L, Dt), or with CFG-parallel
+        this rank's half (B, L, Dt)."""
+        if self.cfg_group is None:
+            return emb, mask
+        half = slice(None, len(emb) // 2) if self.cfg_rank == 0 else slice(len(emb) // 2, None)
+        return emb[half], mask[half]
 
     @torch.no_grad()
     def velocity(self, latents, sigma, text, guidance: torch.Tensor) -> torch.Tensor:
@@ -137,18 +186,22 @@ class VideoPipeline:
         return v_uncond + g * (v_cond - v_uncond)
 
     @torch.no_grad()
-    def sample_latents(self, requests: list[Request], callback=None) -> torch.Tensor:
+    def sample_latents(self, requests: list[Request], callback=None, timings: dict | None = None) -> torch.Tensor:
         """Final latents (B, C, T', H', W') for requests of one shape; each request's noise comes from
         its own seed, so it gets the same result alone or batched. `callback(step, total)` after each
-        step; it may raise to cancel."""
+        step; it may raise to cancel. `timings` gets the seconds of prompt encoding (text_s) and of
+        the scheduler steps (steps_s)."""
         first = requests[0]
         if any(r.shape_key() != first.shape_key() for r in requests):
             raise ValueError("one batch needs one (num_frames, height, width, steps)")
         shape = self.latent_shape(first)
         noise = [torch.randn(shape, generator=torch.Generator().manual_seed(r.seed)) for r in requests]
         latents = torch.stack(noise).to(self.device)  # (B, C, T', H', W')
-        text = self.guidance_text(self.encode_prompts([r.prompt for r in requests]),
-                                  self.encode_prompts([r.negative_prompt for r in requests]))
+        t0 = self._now()
+        # [cond; uncond] (2B, L, Dt) and (2B, L), in one encoder call for the prompts not cached
+        text = self.guidance_text(*self.encode_prompts([r.prompt for r in requests] +
+                                                       [r.negative_prompt for r in requests]))
+        t1 = self._now()
         guidance = torch.tensor([r.guidance_scale for r in requests], device=self.device)
         scheduler = make_scheduler(self.scheduler_name, self.shift)
         scheduler.set_timesteps(first.steps, device=self.device)
@@ -158,7 +211,15 @@ class VideoPipeline:
             latents = scheduler.step(v, t, latents).prev_sample
             if callback is not None:
                 callback(i + 1, first.steps)
+        if timings is not None:
+            timings["text_s"], timings["steps_s"] = t1 - t0, self._now() - t1
         return latents
+
+    def _now(self) -> float:
+        """A timestamp after the device's queued work: CUDA runs asynchronously."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
@@ -168,22 +229,12 @@ class VideoPipeline:
         return frames.permute(0, 2, 3, 4, 1).cpu().numpy()
 
     def __call__(self, requests: list[Request], callback=None) -> tuple[np.ndarray, dict]:
-        t0 = time.perf_counter()
-        latents = self.sample_latents(requests, callback)
-        t1 = time.perf_counter()
+        """(B, T, H, W, 3) uint8 frames, and seconds: text_s and steps_s within sample_s, decode_s."""
+        t0, timings = time.perf_counter(), {}
+        latents = self.sample_latents(requests, callback, timings)
+        t1 = self._now()
         frames = self.decode(latents)
-        return frames, {"sample_s": t1 - t0, "decode_s": time.perf_counter() - t1}
-
-
-def _cat_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Concatenate along the batch, zero-padding dim 1 (text tokens) to the longer of the two."""
-    length = max(a.shape[1], b.shape[1])
-
-    def pad(x):
-        widths = [0, 0] * (x.dim() - 2) + [0, length - x.shape[1]]
-        return torch.nn.functional.pad(x, widths)
-
-    return torch.cat([pad(a), pad(b)])
+        return frames, {**timings, "sample_s": t1 - t0, "decode_s": time.perf_counter() - t1}
 
 
 def write_mp4(frames: np.ndarray, path: str | Path, fps: int = 8) -> None:

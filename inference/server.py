@@ -68,7 +68,7 @@ class Metrics:
                 if seconds <= b:
                     self.latency[str(b)] += 1
 
-    def text(self, queue_depth: int) -> str:
+    def text(self, queue_depth: int, prompt_cache=None) -> str:
         with self.lock:
             lines = ["# TYPE vfm_queue_depth gauge", f"vfm_queue_depth {queue_depth}",
                      "# TYPE vfm_requests_total counter"]
@@ -80,6 +80,10 @@ class Metrics:
             lines.append(f'vfm_request_latency_seconds_bucket{{le="+Inf"}} {self.latency["+Inf"]}')
             lines.append(f"vfm_request_latency_seconds_sum {self.latency_sum:.6f}")
             lines.append(f"vfm_request_latency_seconds_count {self.latency['+Inf']}")
+        if prompt_cache is not None:  # the pipeline's PromptCache: texts looked up, found or encoded
+            lines += ["# TYPE vfm_prompt_cache_lookups_total counter",
+                      f'vfm_prompt_cache_lookups_total{{result="hit"}} {prompt_cache.hits}',
+                      f'vfm_prompt_cache_lookups_total{{result="miss"}} {prompt_cache.misses}']
         return "\n".join(lines) + "\n"
 
 
@@ -225,6 +229,7 @@ class Scheduler:
                 if job.id in encoded and job.status == "running":
                     job.video = encoded[job.id]
                     job.timings = {"queued_s": round(t0 - job.created, 3), "sample_s": round(timings["sample_s"], 3),
+                                   "text_s": round(timings["text_s"], 3), "steps_s": round(timings["steps_s"], 3),
                                    "decode_s": round(timings["decode_s"], 3), "batch_size": len(batch),
                                    "total_s": round(time.time() - job.created, 3)}
                     self._finish(job, "succeeded")
@@ -318,7 +323,7 @@ def create_app(scheduler: Scheduler, limits: Limits, api_key: str | None = None)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics():
-        return scheduler.metrics.text(scheduler.queue_depth())
+        return scheduler.metrics.text(scheduler.queue_depth(), scheduler.pipe.prompts)
 
     @app.get("/", include_in_schema=False)
     def page():
@@ -344,7 +349,8 @@ def serve(cfg) -> int:
     s = cfg.server
     try:
         dims = sampling_dims(cfg.parallel, cfg.cfg_parallel, world_size)
-        pipe = VideoPipeline.from_export(cfg.checkpoint, cfg.diffusion.scheduler, cfg.diffusion.shift, device)
+        pipe = VideoPipeline.from_export(cfg.checkpoint, cfg.diffusion.scheduler, cfg.diffusion.shift, device,
+                                         s.prompt_cache_mb)
         api_key = None
         if s.api_key_env:
             api_key = os.environ.get(s.api_key_env)

@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from vfm_testmedia import sampling_rank_worker, write_export
 
-from inference.pipeline import Request, VideoPipeline
+from inference.pipeline import PromptCache, Request, VideoPipeline
 
 REPO = Path(__file__).resolve().parents[1]
 REQUESTS = [{"prompt": "a red square moving left", "num_frames": 4, "height": 16, "width": 24, "steps": 4,
@@ -49,6 +49,61 @@ def test_a_request_gives_the_same_latents_alone_and_batched(pipe):
     for i, r in enumerate(REQUESTS):
         alone = pipe.sample_latents([Request(**r)])[0]
         assert (batched[i] - alone).abs().max().item() <= 1e-5
+
+
+class CountingEncoder:
+    """The pipeline's real text encoder, with a record of the texts it was asked to encode."""
+
+    def __init__(self, encoder):
+        self.encoder, self.calls = encoder, []
+
+    def __call__(self, texts):
+        self.calls.append(list(texts))
+        return self.encoder(texts)
+
+
+def test_the_prompt_cache_encodes_each_text_once_and_gives_what_the_encoder_gives(pipe):
+    enc = CountingEncoder(pipe.text_encoder)
+    cache = PromptCache(enc, max_bytes=2**20)
+    texts = ["a red square moving left", "", "a much longer prompt about a blue circle moving up", ""]
+    emb, mask = cache(texts)
+    again, again_mask = cache(["", "a red square moving left"])
+    assert enc.calls == [texts[:3]]  # one call, each text once; the second call hit the cache only
+    assert (cache.hits, cache.misses) == (3, 3)
+    fresh, fresh_mask = pipe.text_encoder(texts)  # (4, L, Dt), (4, L)
+    assert torch.equal(mask, fresh_mask) and emb.shape == fresh.shape
+    assert (emb - fresh * fresh_mask[..., None]).abs().max().item() <= 1e-5
+    assert (emb[mask] != 0).any(dim=-1).all() and (emb[~mask] == 0).all()  # zero past each text's tokens
+    assert torch.equal(again[0, : again_mask[0].sum()], emb[1, : mask[1].sum()])
+    assert torch.equal(again[1, : again_mask[1].sum()], emb[0, : mask[0].sum()])
+
+
+def test_the_prompt_cache_stays_within_its_bytes_dropping_the_least_recently_used(pipe):
+    enc = CountingEncoder(pipe.text_encoder)
+    one = pipe.text_encoder(["x"])[0]  # (1, L, Dt): "x" is one token between [CLS] and [SEP]
+    cache = PromptCache(enc, max_bytes=2 * one[0].nbytes)  # room for two such texts
+    cache(["a"])
+    cache(["b"])
+    cache(["a"])  # a is now the most recently used
+    cache(["c"])  # over the budget: b goes
+    assert list(cache.entries) == ["a", "c"] and cache.bytes <= cache.max_bytes
+    cache(["b"])
+    assert enc.calls == [["a"], ["b"], ["c"], ["b"]]
+    off = PromptCache(enc, max_bytes=0)
+    off(["a"])
+    off(["a"])
+    assert enc.calls[-2:] == [["a"], ["a"]] and not off.entries
+
+
+def test_sampling_with_the_prompt_cache_equals_sampling_without(export, pipe):
+    uncached = VideoPipeline.from_export(export, prompt_cache_mb=0)
+    requests = [Request(**r) for r in REQUESTS]
+    a = uncached.sample_latents(requests)
+    pipe.sample_latents(requests)  # the prompts are in its cache now
+    timings = {}
+    b = pipe.sample_latents(requests, timings=timings)
+    assert (a - b).abs().max().item() <= 1e-5
+    assert timings["text_s"] >= 0 and timings["steps_s"] > 0
 
 
 def test_guidance_changes_the_result(pipe):
