@@ -7,7 +7,11 @@ import hashlib
 import re
 from pathlib import Path
 
-VIDEO_EXTENSIONS = {".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts", ".flv", ".wmv"}
+# What a directory is searched for, in any case (.MP4, .MTS): containers FFmpeg reads, from phones
+# (.3gp), camcorders (AVCHD .mts/.m2ts), broadcast and editing (.mxf, .vob) and the web. A glob or a
+# list file names its inputs itself, whatever their extensions (an animated .gif, say).
+VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".qt", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".m2v", ".ts", ".mts",
+                    ".m2ts", ".flv", ".f4v", ".wmv", ".asf", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".y4m"}
 LIST_EXTENSIONS = {".txt", ".lst", ".list"}
 
 

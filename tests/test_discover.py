@@ -1,0 +1,53 @@
+"""Inputs: what a directory, a glob, one file and a list file name, and the errors when they name nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from curator.stages.discover import content_hash, discover, source_id
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for name in ("a.mp4", "sub/b.MTS", "sub/deeper/c.3gp", "sub/d.Mov", "notes.txt", "e.json", ".hidden.mp4",
+                 "sub/f.gif"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode())
+    return tmp_path
+
+
+def test_a_directory_gives_its_videos_recursively_in_any_case_without_hidden_files(tree):
+    found = [Path(p).relative_to(tree).as_posix() for p in discover(str(tree))]
+    assert found == ["a.mp4", "sub/b.MTS", "sub/d.Mov", "sub/deeper/c.3gp"]
+
+
+def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):
+    assert [Path(p).name for p in discover(str(tree / "sub" / "*.gif"))] == ["f.gif"]
+    listing = tree / "sub" / "inputs.txt"
+    listing.write_text("# two videos, relative to the list\nd.Mov\n\n../a.mp4\nd.Mov\n")
+    assert discover(str(listing)) == sorted([str((tree / "a.mp4").resolve()), str((tree / "sub/d.Mov").resolve())])
+
+
+@pytest.mark.parametrize("spec, message", [("nope/", "no such file"), ("*.nothing", "matches no file")])
+def test_a_spec_that_names_nothing_says_so(tmp_path, spec, message):
+    with pytest.raises(FileNotFoundError, match=message):
+        discover(str(tmp_path / spec))
+
+
+def test_a_directory_without_videos_says_which_extensions_it_looked_for(tmp_path):
+    (tmp_path / "readme.md").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"no video files \(.*\.mp4"):
+        discover(str(tmp_path))
+
+
+def test_the_source_id_depends_on_name_and_content_not_on_the_folder(tmp_path):
+    a, b = tmp_path / "x" / "clip one.mp4", tmp_path / "y" / "clip one.mp4"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"same bytes")
+    ids = [source_id(str(p), content_hash(str(p))) for p in (a, b)]
+    assert ids[0] == ids[1] and ids[0].startswith("clip_one_") and "-" not in ids[0] and "." not in ids[0]
+    b.write_bytes(b"other bytes")
+    assert source_id(str(b), content_hash(str(b))) != ids[0]
