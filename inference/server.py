@@ -68,7 +68,8 @@ class Metrics:
                 if seconds <= b:
                     self.latency[str(b)] += 1
 
-    def text(self, queue_depth: int, prompt_cache=None) -> str:
+    def text(self, queue_depth: int, prompt_cache) -> str:
+        """Prometheus text; `prompt_cache`: the pipeline's PromptCache (texts looked up, found or encoded)."""
         with self.lock:
             lines = ["# TYPE vfm_queue_depth gauge", f"vfm_queue_depth {queue_depth}",
                      "# TYPE vfm_requests_total counter"]
@@ -80,10 +81,9 @@ class Metrics:
             lines.append(f'vfm_request_latency_seconds_bucket{{le="+Inf"}} {self.latency["+Inf"]}')
             lines.append(f"vfm_request_latency_seconds_sum {self.latency_sum:.6f}")
             lines.append(f"vfm_request_latency_seconds_count {self.latency['+Inf']}")
-        if prompt_cache is not None:  # the pipeline's PromptCache: texts looked up, found or encoded
-            lines += ["# TYPE vfm_prompt_cache_lookups_total counter",
-                      f'vfm_prompt_cache_lookups_total{{result="hit"}} {prompt_cache.hits}',
-                      f'vfm_prompt_cache_lookups_total{{result="miss"}} {prompt_cache.misses}']
+        lines += ["# TYPE vfm_prompt_cache_lookups_total counter",
+                  f'vfm_prompt_cache_lookups_total{{result="hit"}} {prompt_cache.hits}',
+                  f'vfm_prompt_cache_lookups_total{{result="miss"}} {prompt_cache.misses}']
         return "\n".join(lines) + "\n"
 
 
