@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -199,16 +200,26 @@ def summarize(out: OutputDir, cfg: DictConfig, wall_s: float) -> dict:
     }
 
 
-def init_ray(cfg: DictConfig):
+@contextmanager
+def ray_session(cfg: DictConfig):
+    """Ray for one run: joins the instance this process already has, or `ray.address`, or starts a
+    local one (the default). A local instance started here is stopped on the way out, explicitly:
+    Ray's exit hook would sleep half a second first."""
     import ray
 
+    started = False
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False}
         if cfg.ray.address:
             ray.init(address=cfg.ray.address, **kwargs)
         else:
             ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
-    return ray
+            started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def curate(cfg: DictConfig, log=print) -> dict | None:
@@ -223,41 +234,39 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
 
-    ray = init_ray(cfg)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
-    num_workers = min(cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1))), len(todo))
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    if cfg_dict["codec_threads"] is None:
-        cfg_dict["codec_threads"] = 1 if num_workers > 1 else 0
-    ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
-    if cfg.detector.name == "transnetv2":
-        det = cfg.detector
-        ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],
-                                                        "timeout_s": cfg.source_timeout_s},
-                    compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
-    cap = cfg.captioner
-    model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
-    ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
-                                                    "caption_here": not model_stage},
-                compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
-    if model_stage:
-        ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
-                    compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
+    with ray_session(cfg) as ray:
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
+        num_workers = min(cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1))), len(todo))
+        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+        if cfg_dict["codec_threads"] is None:
+            cfg_dict["codec_threads"] = 1 if num_workers > 1 else 0
+        ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
+        if cfg.detector.name == "transnetv2":
+            det = cfg.detector
+            ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],
+                                                            "timeout_s": cfg.source_timeout_s},
+                        compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
+        cap = cfg.captioner
+        model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
+        ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
+                                                        "caption_here": not model_stage},
+                    compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
+        if model_stage:
+            ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
+                        compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
 
-    cfg_hash = config_hash(cfg)
-    t_write = 0.0
-    for n, row in enumerate(ds.iter_rows(), 1):
-        record = json.loads(row["record"])
-        t0 = time.perf_counter()
-        written = _write(out, record, list(row["mp4"]), cfg_hash)
-        t_write += time.perf_counter() - t0
-        record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
-        out.add_record(_manifest_record(record), written)
-        kept = sum(c["kept"] for c in record["clips"])
-        status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
-            if record["status"] == "ok" else f"error: {record['error']}"
-        log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
+        cfg_hash = config_hash(cfg)
+        for n, row in enumerate(ds.iter_rows(), 1):
+            record = json.loads(row["record"])
+            t0 = time.perf_counter()
+            written = _write(out, record, list(row["mp4"]), cfg_hash)
+            record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
+            out.add_record(_manifest_record(record), written)
+            kept = sum(c["kept"] for c in record["clips"])
+            status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
+                if record["status"] == "ok" else f"error: {record['error']}"
+            log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
     out.close()
     summary = summarize(out, cfg, time.perf_counter() - t_start)
     tmp = out.root / ".summary.json.tmp"

@@ -162,6 +162,33 @@ def test_rerun_on_finished_output_does_nothing(curated, corpus):
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
+def test_a_run_stops_the_local_ray_it_started_and_leaves_one_it_was_given(tmp_path, synth_corpus):
+    """In a fresh interpreter: the first run starts a local instance and stops it itself (Ray's exit
+    hook would first sleep); a run inside an instance the caller started leaves it running."""
+    import subprocess
+    import sys
+
+    media_dir, _ = synth_corpus
+    (tmp_path / "in").mkdir()
+    shutil.copy(media_dir / "fade.mp4", tmp_path / "in" / "fade.mp4")
+    script = f"""
+import conf, ray
+from curator.pipeline import curate
+def run(out):
+    return curate(conf.compose("curate", ["input={tmp_path / 'in'}", "output=" + out, "ray.num_cpus=2"]),
+                  log=lambda *_: None)
+assert run("{tmp_path / 'a'}")["kept"] > 0
+print("after own instance:", ray.is_initialized())
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+assert run("{tmp_path / 'b'}")["kept"] > 0
+print("after given instance:", ray.is_initialized())
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "after own instance: False" in done.stdout and "after given instance: True" in done.stdout
+
+
 def test_same_inputs_same_clips_keys_and_bytes(curated, corpus, tmp_path):
     """Another run, on another layout (one worker with every core instead of two with one each),
     gives the same clips and keys and byte-identical samples."""

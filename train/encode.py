@@ -137,7 +137,7 @@ class ShardEncoder:
 
 
 def encode(cfg: DictConfig, log=print) -> dict:
-    from curator.pipeline import init_ray
+    from curator.pipeline import ray_session
 
     shards = expand_shards(cfg.input)
     out = Path(cfg.output)
@@ -149,22 +149,22 @@ def encode(cfg: DictConfig, log=print) -> dict:
     todo = [s for s in shards if Path(s).name not in done or not (out / "shards" / Path(s).name).exists()]
     log(f"encoding {len(todo)} of {len(shards)} shards into {out}")
     if todo:
-        ray = init_ray(cfg)
-        workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        workers = min(workers, len(todo))
-        ds = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))
-        gpus = 1 if torch.cuda.is_available() else 0
-        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-        encoded = ds.map_batches(ShardEncoder, fn_constructor_kwargs={"cfg_dict": cfg_dict},
-                                 batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
-                                 num_gpus=gpus)
-        with open(records_path, "a") as records:
-            for i, row in enumerate(encoded.iter_rows(), 1):
-                record = json.loads(row["record"])
-                records.write(json.dumps(record) + "\n")
-                records.flush()
-                log(f"[{i}/{len(todo)}] {record['shard']}: {record['num_samples']} samples, "
-                    f"{len(record['failed'])} failed, {record['seconds']} s")
+        with ray_session(cfg) as ray:
+            workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            workers = min(workers, len(todo))
+            ds = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))
+            gpus = 1 if torch.cuda.is_available() else 0
+            cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+            encoded = ds.map_batches(ShardEncoder, fn_constructor_kwargs={"cfg_dict": cfg_dict},
+                                     batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
+                                     num_gpus=gpus)
+            with open(records_path, "a") as records:
+                for i, row in enumerate(encoded.iter_rows(), 1):
+                    record = json.loads(row["record"])
+                    records.write(json.dumps(record) + "\n")
+                    records.flush()
+                    log(f"[{i}/{len(todo)}] {record['shard']}: {record['num_samples']} samples, "
+                        f"{len(record['failed'])} failed, {record['seconds']} s")
     by_shard = {}
     for line in records_path.read_text().splitlines():
         if line.strip():
