@@ -84,9 +84,11 @@ def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
     """RGB frames at (or just after) the given times of a video file or mp4 bytes."""
     import av
 
+    from curator.media import video_stream
+
     out = []
     with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         for t in times_s:
             container.seek(max(0, int(t / stream.time_base)), stream=stream, backward=True)
             frame = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -57,6 +58,8 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
         if r["status"] == "error":
             assert r["error"] and len(r["error"]) > 10, name
     assert "no video stream" in records["audio_only.mp4"]["error"]
+    # Its only picture is the cover: no video to curate, not a one-frame clip of the cover.
+    assert records["song_with_cover.mp4"]["error"] == "no video stream (only a cover picture)"
     assert summary["inputs"] == len(records)
     assert summary["errors"] == sum(r["status"] == "error" for r in records.values())
 
@@ -152,6 +155,14 @@ def test_rotated_vfr_and_odd_sources_come_out_right(curated):
     assert clip["end_s"] == pytest.approx(95 / 24 + 1 / vfr["fps"], abs=1e-3)
     odd = records["odd_size.mp4"]
     assert (odd["out_width"] % 2, odd["out_height"] % 2) == (0, 0)
+    # Anamorphic 96x64 with 3:2 pixels is shown 144x64: its clips have square pixels at that size.
+    ana = records["anamorphic.mp4"]
+    assert (ana["width"], ana["height"], ana["pixel_aspect"]) == (144, 64, 1.5)
+    assert (ana["out_width"], ana["out_height"]) == (144, 64)
+    (sample,) = [s for s in samples if json.loads(s["json"])["source"].endswith("anamorphic.mp4")]
+    with av.open(io.BytesIO(sample["mp4"])) as c:
+        st = c.streams.video[0]
+        assert (st.width, st.height) == (144, 64) and st.sample_aspect_ratio in (None, 0, 1)
 
 
 def test_rerun_on_finished_output_does_nothing(curated, corpus):

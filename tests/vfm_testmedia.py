@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 
-def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None):
-    """Write RGB frames as H.264 with PyAV; `pts` with `time_base` gives a variable frame rate."""
+def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None,
+            pixel_aspect=None):
+    """Write RGB frames as H.264 with PyAV; `pts` with `time_base` gives a variable frame rate;
+    `pixel_aspect` (a Fraction) stores the frames anamorphic."""
     import av
 
     with av.open(str(path), "w") as c:
@@ -18,6 +20,8 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             s.codec_context.time_base = time_base
         if rotation:
             s.set_display_rotation(rotation)
+        if pixel_aspect:
+            s.codec_context.sample_aspect_ratio = pixel_aspect
         for i, a in enumerate(frames):
             f = av.VideoFrame.from_ndarray(a, format="rgb24")
             if pts is not None:
@@ -64,15 +68,23 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
         i = rng.randrange(len(data) // 4, len(data) - 1000)
         flipped[i] ^= 0xFF
     (d / "bitflip.mp4").write_bytes(bytes(flipped))
-    with av.open(str(d / "audio_only.mp4"), "w") as c:
-        s = c.add_stream("aac", rate=16000)
-        for i in range(20):
-            fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            fr.sample_rate, fr.pts = 16000, i * 1024
-            for p in s.encode(fr):
+    for name, cover in (("audio_only.mp4", False), ("song_with_cover.mp4", True)):
+        with av.open(str(d / name), "w") as c:
+            s = c.add_stream("aac", rate=16000)
+            if cover:  # a one-frame picture stream marked as the cover, as music files carry
+                pic = c.add_stream("mjpeg", rate=1)
+                pic.width, pic.height, pic.pix_fmt = 32, 32, "yuvj420p"
+                pic.disposition = av.stream.Disposition.attached_pic
+                art = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 200, np.uint8), format="rgb24")
+                for p in [*pic.encode(art.reformat(format="yuvj420p")), *pic.encode()]:
+                    c.mux(p)
+            for i in range(20):
+                fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+                fr.sample_rate, fr.pts = 16000, i * 1024
+                for p in s.encode(fr):
+                    c.mux(p)
+            for p in s.encode():
                 c.mux(p)
-        for p in s.encode():
-            c.mux(p)
     _encode(d / "one_frame.mp4", _moving(1, 64, 96, 3))
     _encode(d / "odd_size.mp4", _moving(48, 71, 97, 4), pix_fmt="yuv444p")
     # Rotated: stored landscape with red on the left half; displayed upright (90° ccw) red is at the bottom.
@@ -83,13 +95,16 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     for k, f in enumerate(frames):
         f[(k * 2) % 64: (k * 2) % 64 + 4, :] = 255
     _encode(d / "rotated.mp4", frames, rotation=90)
+    # Anamorphic: stored 96x64 with pixels 3/2 as wide as high, as DVD and broadcast video is; shown 144x64.
+    _encode(d / "anamorphic.mp4", _moving(48, 64, 96, 6), pixel_aspect=Fraction(3, 2))
     # Variable frame rate: 48 frames whose gaps alternate 1/24 s and 3/24 s.
     gaps = [1 if i % 2 else 3 for i in range(48)]
     _encode(d / "vfr.mp4", _moving(48, 64, 96, 5), pts=list(np.cumsum([0] + gaps[:-1])),
             time_base=Fraction(1, 24))
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
-            "bitflip.mp4": "any", "audio_only.mp4": "error", "one_frame.mp4": "ok", "odd_size.mp4": "ok",
-            "rotated.mp4": "ok", "vfr.mp4": "ok"}
+            "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
+            "one_frame.mp4": "ok", "odd_size.mp4": "ok",
+            "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok"}
 
 
 def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
