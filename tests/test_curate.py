@@ -307,6 +307,41 @@ def test_rotation_turns_yuv_planes_like_the_picture(rotation):
     assert np.abs(turned.to_ndarray(format="rgb24").astype(int) - expected).mean() < 2
 
 
+@pytest.mark.parametrize("colorspace,color_range", [("ITU709", "MPEG"), ("ITU709", "JPEG"), ("ITU601", "MPEG")])
+def test_clip_colours_are_the_sources_whatever_its_colour_space(tmp_path, colorspace, color_range):
+    """HD cameras and phones tag BT.709, webcams full range: a clip read back as the loader reads
+    it (decord) shows the colours the source shows. Copied unconverted, BT.709 was 19 levels off
+    and full-range BT.709 30."""
+    from av.video.reformatter import ColorRange, Colorspace
+
+    want = np.array([(200, 60, 40), (48, 176, 80)], float)  # left half, right half (RGB)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tagged.mp4"
+    space, rng_ = getattr(Colorspace, colorspace), getattr(ColorRange, color_range)
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=24)
+        s.width, s.height, s.pix_fmt = 128, 64, "yuv420p"
+        s.codec_context.colorspace, s.codec_context.color_range = space, rng_
+        for _ in range(36):
+            rgb = np.concatenate([np.broadcast_to(want[0], (64, 64, 3)), np.broadcast_to(want[1], (64, 64, 3))], 1)
+            rgb = np.clip(rgb + rng.normal(0, 6, rgb.shape), 0, 255).astype(np.uint8)  # grain: not static
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                format="yuv420p", dst_colorspace=space, dst_color_range=rng_)
+            for p in s.encode(frame):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_motion_area=0"])
+    _, clips = process_source(str(path), "tagged", cfg)
+    (clip,) = [c for c in clips if c.kept]
+    (tmp_path / "clip.mp4").write_bytes(clip.mp4)
+    frames = decord.VideoReader(str(tmp_path / "clip.mp4")).get_batch(range(0, 30, 5)).asnumpy().astype(float)
+    got = np.array([frames[:, 8:-8, 8:56].reshape(-1, 3).mean(0), frames[:, 8:-8, 72:-8].reshape(-1, 3).mean(0)])
+    assert np.abs(got - want).max() < 6, got.round(1).tolist()
+    grid = np.array(clip.scores["colour_grid"][0], float).reshape(4, 4, 3)  # the analysis frames' colours
+    assert np.abs(grid[:, 0] - want[0]).max() < 10 and np.abs(grid[:, 3] - want[1]).max() < 10, grid.tolist()
+
+
 def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_path, bikes, synth_corpus, ray_local):
     media_dir, _ = synth_corpus
     inputs = tmp_path / "in"
