@@ -35,6 +35,8 @@ class Probe:
     codec: str
     vfr: bool  # variable frame rate: the average rate differs from the nominal one
     pixel_aspect: float = 1.0  # the stored pixels' width over height (DVD, DV, broadcast: not 1)
+    interlaced: bool = False  # two fields a frame (DV, DVD, broadcast, 1080i camcorders)
+    top_field_first: bool = True  # of an interlaced stream: which field is shown first
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +84,9 @@ def probe(path: str) -> Probe:
             # curation works at the shown size, so clips come out with square pixels.
             aspect = _pixel_aspect(stream)
             width, height = max(1, round(first.width * aspect)), first.height
+            # FFmpeg's field orders: 1 progressive, 2 top first, 3 bottom first, 4 and 5 coded in
+            # one order, shown in the other (4: bottom shown first, 5: top).
+            interlaced = bool(first.interlaced_frame) or ctx.field_order in (2, 3, 4, 5)
             if rotation in (90, 270):
                 width, height = height, width
             return Probe(
@@ -94,6 +99,8 @@ def probe(path: str) -> Probe:
                 codec=ctx.name,
                 vfr=bool(avg and nominal and abs(avg - nominal) / nominal > 0.01),
                 pixel_aspect=round(float(aspect), 4),
+                interlaced=interlaced,
+                top_field_first=ctx.field_order not in (3, 4),
             )
     except MediaError:
         raise
@@ -163,9 +170,12 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
+        frames = container.decode(stream)
+        if out_size is not None and probe_.interlaced:
+            frames = _progressive(frames, stream, probe_, out_lines=pre(out_size)[1])
         index = 0
         try:
-            for frame in container.decode(stream):
+            for frame in frames:
                 out = None
                 if out_size is not None:
                     ow, oh = pre(out_size)
@@ -187,6 +197,39 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 raise MediaError(f"cannot decode video: {e}") from e
             # A stream that breaks part-way keeps the frames before the damage; the record says so.
             raise TruncatedStream(index, str(e)) from e
+
+
+def _progressive(frames: Iterator[av.VideoFrame], stream, probe_: Probe, out_lines: int) -> Iterator[av.VideoFrame]:
+    """An interlaced source's frames made progressive, one frame out for each frame in, before they
+    are scaled; scaled as they are, the two fields, 1/50 or 1/60 s apart, would show moving things
+    twice. Where the output has no more lines than a field (1080i or 576i to a short side of 256),
+    the field shown first is taken alone: no detail is lost and it costs nothing (FFmpeg's `field`
+    filter steps over every other line). Else FFmpeg's bwdif interpolates the missing lines
+    (about 4 ms a 1080i frame here)."""
+    stored_lines = probe_.height if probe_.rotation not in (90, 270) else probe_.width
+    if out_lines <= stored_lines // 2:
+        spec = ("field", "type=top" if probe_.top_field_first else "type=bottom")
+    else:
+        spec = ("bwdif", "mode=send_frame:parity=auto:deint=interlaced")
+    graph = av.filter.Graph()
+    source, sink = graph.add_buffer(template=stream), graph.add("buffersink")
+    node = graph.add(*spec)
+    source.link_to(node)
+    node.link_to(sink)
+    graph.configure()
+
+    def ready() -> Iterator[av.VideoFrame]:
+        while True:
+            try:
+                yield graph.pull()
+            except (av.BlockingIOError, av.EOFError):
+                return
+
+    for frame in frames:
+        graph.push(frame)
+        yield from ready()
+    graph.push(None)  # bwdif holds a frame back to look ahead
+    yield from ready()
 
 
 def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str,
