@@ -4,6 +4,7 @@ at the two sizes curation needs (a small analysis frame, and the transcode frame
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -37,9 +38,16 @@ class Probe:
     pixel_aspect: float = 1.0  # the stored pixels' width over height (DVD, DV, broadcast: not 1)
     interlaced: bool = False  # two fields a frame (DV, DVD, broadcast, 1080i camcorders)
     top_field_first: bool = True  # of an interlaced stream: which field is shown first
+    hdr: str | None = None  # "pq" (HDR10, Dolby Vision) or "hlg" (phones, broadcast): high dynamic range
+    wide_gamut: bool = False  # BT.2020 primaries
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# FFmpeg's colour codes (AVColorTransferCharacteristic, AVColorPrimaries).
+HDR_TRANSFERS = {16: "pq", 18: "hlg"}  # SMPTE ST 2084, ARIB STD-B67
+BT2020 = 9
 
 
 def _rate(value) -> float:
@@ -101,6 +109,8 @@ def probe(path: str) -> Probe:
                 pixel_aspect=round(float(aspect), 4),
                 interlaced=interlaced,
                 top_field_first=ctx.field_order not in (3, 4),
+                hdr=HDR_TRANSFERS.get(first.color_trc),
+                wide_gamut=first.color_primaries == BT2020,
             )
     except MediaError:
         raise
@@ -171,8 +181,10 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
         frames = container.decode(stream)
-        if out_size is not None and probe_.interlaced:
-            frames = _progressive(frames, stream, probe_, out_lines=pre(out_size)[1])
+        if out_size is not None:
+            specs = _filters(probe_, *pre(out_size))
+            if specs:
+                frames = _filtered(frames, stream, specs)
         index = 0
         try:
             for frame in frames:
@@ -199,23 +211,39 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             raise TruncatedStream(index, str(e)) from e
 
 
-def _progressive(frames: Iterator[av.VideoFrame], stream, probe_: Probe, out_lines: int) -> Iterator[av.VideoFrame]:
-    """An interlaced source's frames made progressive, one frame out for each frame in, before they
-    are scaled; scaled as they are, the two fields, 1/50 or 1/60 s apart, would show moving things
-    twice. Where the output has no more lines than a field (1080i or 576i to a short side of 256),
-    the field shown first is taken alone: no detail is lost and it costs nothing (FFmpeg's `field`
-    filter steps over every other line). Else FFmpeg's bwdif interpolates the missing lines
-    (about 4 ms a 1080i frame here)."""
-    stored_lines = probe_.height if probe_.rotation not in (90, 270) else probe_.width
-    if out_lines <= stored_lines // 2:
-        spec = ("field", "type=top" if probe_.top_field_first else "type=bottom")
-    else:
-        spec = ("bwdif", "mode=send_frame:parity=auto:deint=interlaced")
+def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, str]]:
+    """FFmpeg filters that a source's frames go through before the scaler, if it needs any; the
+    output size is before rotation.
+
+    - Interlaced: made progressive, one frame out for each frame in. Scaled as they are, the two
+      fields, 1/50 or 1/60 s apart, would show moving things twice. Where the output has no more
+      lines than a field (1080i or 576i to a short side of 256), the field shown first is taken
+      alone: no detail is lost and it costs nothing (`field` steps over every other line). Else
+      bwdif interpolates the missing lines (about 4 ms a 1080i frame here).
+    - HDR (PQ, HLG) or BT.2020 primaries: scaled to the output size, then mapped to SDR BT.709
+      light and primaries by FFmpeg's colour-managed scaler, and stored as BT.601 numbers like
+      every clip. Taken as SDR numbers, a PQ source's colours came out up to 83 levels off, an HLG
+      source's 48. The mapping costs about 1 s to set up for each source, then 4 ms a 1080p frame."""
+    specs = []
+    if probe_.interlaced:
+        stored_lines = probe_.height if probe_.rotation not in (90, 270) else probe_.width
+        if out_height <= stored_lines // 2:
+            specs.append(("field", "type=top" if probe_.top_field_first else "type=bottom"))
+        else:
+            specs.append(("bwdif", "mode=send_frame:parity=auto:deint=interlaced"))
+    if probe_.hdr or probe_.wide_gamut:
+        specs += [("scale", f"w={out_width}:h={out_height}:flags=area"), ("format", "yuv444p16le"),  # size first
+                  ("scale", "out_color_matrix=bt601:out_range=tv:out_transfer=bt709:out_primaries=bt709"),
+                  ("format", "yuv420p")]
+    return specs
+
+
+def _filtered(frames: Iterator[av.VideoFrame], stream, specs: list[tuple[str, str]]) -> Iterator[av.VideoFrame]:
+    """`frames` through a chain of FFmpeg filters, (name, arguments) each."""
     graph = av.filter.Graph()
-    source, sink = graph.add_buffer(template=stream), graph.add("buffersink")
-    node = graph.add(*spec)
-    source.link_to(node)
-    node.link_to(sink)
+    nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs), graph.add("buffersink")]
+    for a, b in itertools.pairwise(nodes):
+        a.link_to(b)
     graph.configure()
 
     def ready() -> Iterator[av.VideoFrame]:

@@ -201,7 +201,8 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
     timings["probe_s"] = time.perf_counter() - t0
     record.update({k: v for k, v in p.to_dict().items() if k in ("fps", "num_frames", "width", "height",
                                                                "duration_s", "rotation", "codec", "vfr",
-                                                               "pixel_aspect", "interlaced")})
+                                                               "pixel_aspect", "interlaced", "hdr",
+                                                               "wide_gamut")})
     problem = _source_limits(p, cfg)
     if problem:
         record["error"] = problem
