@@ -88,6 +88,8 @@ def test_filters_drop_with_reasons(curated, corpus):
     dark = records["dark.mp4"]["clips"]
     assert dark[0]["reason"].startswith("too_dark") and dark[1]["kept"]
     assert records["one_frame.mp4"]["clips"][0]["reason"].startswith("too_short")
+    strip = records["strip.mp4"]["clips"]
+    assert strip and all(c["reason"].startswith("low_resolution") for c in strip)
     for reason in ("static", "too_dark", "too_short"):
         assert summary["drop_reasons"][reason] >= 1
     assert summary["kept"] + summary["dropped"] == summary["clips"]

@@ -87,6 +87,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
                 c.mux(p)
     _encode(d / "one_frame.mp4", _moving(1, 64, 96, 3))
     _encode(d / "odd_size.mp4", _moving(48, 71, 97, 4), pix_fmt="yuv444p")
+    _encode(d / "strip.mp4", _moving(48, 8, 256, 7))  # a 64x2 analysis frame: fewer rows than the colour grid
     # Rotated: stored landscape with red on the left half; displayed upright (90° ccw) red is at the bottom.
     rot = np.zeros((64, 96, 3), np.uint8)
     rot[:, :48] = (230, 20, 20)
@@ -103,7 +104,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             time_base=Fraction(1, 24))
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
-            "one_frame.mp4": "ok", "odd_size.mp4": "ok",
+            "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok"}
 
 

@@ -31,11 +31,14 @@ def colour_name(rgb) -> str:
 
 def colour_grid(frame: np.ndarray, n: int = 4) -> list[int]:
     """Mean RGB of each cell of an n x n grid over a (h, w, 3) frame: 3n² values that tell colours
-    apart where a luma hash cannot (the same layout in other colours)."""
-    ys = np.linspace(0, frame.shape[0], n + 1).astype(int)
-    xs = np.linspace(0, frame.shape[1], n + 1).astype(int)
-    return [int(v) for i in range(n) for j in range(n)
-            for v in frame[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].reshape(-1, 3).mean(0)]
+    apart where a luma hash cannot (the same layout in other colours). A frame with fewer than n
+    rows or columns (a 2-pixel strip) shares pixels between cells rather than leaving one empty."""
+    def cells(size: int) -> list[tuple[int, int]]:
+        return [(min(k * size // n, size - 1), max((k + 1) * size // n, min(k * size // n, size - 1) + 1))
+                for k in range(n)]
+
+    return [int(v) for y0, y1 in cells(frame.shape[0]) for x0, x1 in cells(frame.shape[1])
+            for v in frame[y0:y1, x0:x1].reshape(-1, 3).mean(0)]
 
 
 def phash(gray: np.ndarray) -> int:
