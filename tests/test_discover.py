@@ -23,6 +23,15 @@ def test_a_directory_gives_its_videos_recursively_in_any_case_without_hidden_fil
     assert found == ["a.mp4", "sub/b.MTS", "sub/d.Mov", "sub/deeper/c.3gp"]
 
 
+def test_a_broken_link_in_a_directory_is_an_input_that_cannot_be_read_not_a_silent_skip(tree):
+    (tree / "gone.mp4").symlink_to(tree / "moved" / "gone.mp4")
+    (tree / "sub" / "dir.mp4").mkdir()
+    found = discover(str(tree))
+    assert str(tree / "gone.mp4") in found and str(tree / "sub" / "dir.mp4") not in found
+    with pytest.raises(OSError):
+        content_hash(str(tree / "gone.mp4"))  # what the worker turns into the input's error record
+
+
 def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):
     assert [Path(p).name for p in discover(str(tree / "sub" / "*.gif"))] == ["f.gif"]
     listing = tree / "sub" / "inputs.txt"

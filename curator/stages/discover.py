@@ -24,8 +24,9 @@ def discover(spec: str) -> list[str]:
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: the glob matches no file")
     elif path.is_dir():
-        paths = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS
-                 and not p.name.startswith(".")]
+        # A broken link named like a video is kept: it gets an error record rather than vanishing.
+        paths = [p for p in path.rglob("*") if (p.is_file() or (p.is_symlink() and not p.exists()))
+                 and p.suffix.lower() in VIDEO_EXTENSIONS and not p.name.startswith(".")]
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: no video files ({', '.join(sorted(VIDEO_EXTENSIONS))}) in it")
     elif path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
@@ -37,7 +38,7 @@ def discover(spec: str) -> list[str]:
         paths = [path]
     else:
         raise FileNotFoundError(f"input={spec!r}: no such file or directory")
-    return sorted({str(p.resolve()) for p in paths})
+    return sorted({str(p.resolve() if p.exists() else p.absolute()) for p in paths})
 
 
 def content_hash(path: str) -> str:
