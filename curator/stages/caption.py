@@ -102,15 +102,15 @@ def tile(frames: list[np.ndarray]) -> np.ndarray:
 class VLMCaptioner:
     """Loads the model once per actor; on CUDA in bf16 when a GPU is given, else fp32 on the CPU."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, device: str | None = None):
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         self.cfg = cfg
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
         self.processor = AutoProcessor.from_pretrained(cfg.model)
-        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=dtype).to(self.device).eval()
+        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=self.dtype).to(self.device).eval()
         self.prompt = cfg.prompt
         if getattr(self.processor, "chat_template", None):
             messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": cfg.prompt}]}]
@@ -122,8 +122,10 @@ class VLMCaptioner:
         out = []
         for i in range(0, len(images), self.cfg.batch_size):
             batch = images[i:i + self.cfg.batch_size]
-            inputs = self.processor(images=batch, text=[self.prompt] * len(batch), return_tensors="pt",
-                                    padding=True).to(self.device)
+            inputs = self.processor(images=batch, text=[self.prompt] * len(batch), return_tensors="pt", padding=True)
+            # Pixels come as fp32 whatever the model's dtype; not every model casts them itself.
+            inputs = {k: v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)
+                      for k, v in inputs.items()}
             with torch.no_grad():
                 ids = self.model.generate(**inputs, max_new_tokens=self.cfg.max_new_tokens, do_sample=False)
             new = ids[:, inputs["input_ids"].shape[1]:]  # the answer, without the prompt

