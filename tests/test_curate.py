@@ -90,6 +90,11 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert records["one_frame.mp4"]["clips"][0]["reason"].startswith("too_short")
     strip = records["strip.mp4"]["clips"]
     assert strip and all(c["reason"].startswith("low_resolution") for c in strip)
+    # Frames of another shape than the first would come out stretched: their clips go, with the reason.
+    changed = records["size_change.ts"]
+    assert changed["warning"] == "frame size changed from 96x64 to 64x64 at frame 48"
+    assert [c["kept"] for c in changed["clips"]] == [True, False]
+    assert changed["clips"][1]["start_frame"] >= 48 and changed["clips"][1]["reason"].startswith("size_change")
     for reason in ("static", "too_dark", "too_short"):
         assert summary["drop_reasons"][reason] >= 1
     assert summary["kept"] + summary["dropped"] == summary["clips"]

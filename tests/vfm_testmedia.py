@@ -102,10 +102,17 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     gaps = [1 if i % 2 else 3 for i in range(48)]
     _encode(d / "vfr.mp4", _moving(48, 64, 96, 5), pts=list(np.cumsum([0] + gaps[:-1])),
             time_base=Fraction(1, 24))
+    # A stream that changes shape part-way, as a recording across a resolution switch does: two
+    # MPEG-TS segments of one H.264 stream, 96x64 then 64x64, one after the other in one file.
+    for i, (h, w) in enumerate(((64, 96), (64, 64))):
+        _encode(d / f"segment{i}.ts", _moving(48, h, w, 8 + i))
+    (d / "size_change.ts").write_bytes((d / "segment0.ts").read_bytes() + (d / "segment1.ts").read_bytes())
+    for i in range(2):
+        (d / f"segment{i}.ts").unlink()
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
-            "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok"}
+            "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok"}
 
 
 def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):

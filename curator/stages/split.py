@@ -150,6 +150,10 @@ class _Splitter:
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
         w, h = self.out_size
         reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
+        stretched = sum(f.stretched for f in frames)
+        if reason is None and stretched:
+            reason = (f"size_change: {stretched} of its {len(frames)} frames are of another shape than the "
+                      f"source's first frame, and would be stretched")
         self.timings["score_s"] += time.perf_counter() - t0
         clip = Clip(f"{self.source_id}-{len(self.clips):04d}", start, end, reason is None, reason, scores,
                     width=w, height=h, shot_index=len(self.shots), start_s=round(t_start, 4),
@@ -226,17 +230,23 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     lookahead = getattr(detector, "window", 0)
     n = 0
     times: list[float] = []
-    warning = None
+    warnings = []
+    size = None
     t_loop = time.perf_counter()
     try:
         for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0):
             n = frame.index + 1
             times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
+            if frame.stored_size != size:
+                if size is not None:
+                    warnings.append(f"frame size changed from {size[0]}x{size[1]} to "
+                                    f"{frame.stored_size[0]}x{frame.stored_size[1]} at frame {frame.index}")
+                size = frame.stored_size
             for b in detector.push(frame.small):
                 splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
             splitter.push(frame, frame.index - lookahead)
     except media.TruncatedStream as e:
-        warning = str(e)
+        warnings.append(str(e))
     except media.MediaError as e:
         record["error"] = str(e)
         return record, []
@@ -250,7 +260,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - encoder.blocked_s
 
     cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
-    record.update({"status": "ok", "num_frames": n, "warning": warning, "shots": splitter.shots,
+    record.update({"status": "ok", "num_frames": n, "warning": "; ".join(warnings) or None, "shots": splitter.shots,
                    "scene_cuts": cuts, "scene_cuts_s": [round(times[c], 4) for c in cuts if c < len(times)],
                    "clips": [c.record() for c in splitter.clips],
                    "out_width": splitter.out_size[0], "out_height": splitter.out_size[1], "out_fps": splitter.out_fps})
