@@ -54,6 +54,13 @@ def _rate(value) -> float:
     return float(value) if value else 0.0
 
 
+def open_input(source) -> av.container.InputContainer:
+    """A media file (a path or a file object) opened for reading. Tags that are not UTF-8 (Latin-1
+    titles in older AVI and camera files) are read with replacement characters: decoding them
+    strictly failed the whole file over its title."""
+    return av.open(source, metadata_errors="replace")
+
+
 def video_stream(container) -> av.VideoStream | None:
     """The source's video: its first video stream that is not a cover picture (music and podcast
     files, and downloads with an embedded thumbnail, carry one as a one-frame video stream)."""
@@ -61,6 +68,52 @@ def video_stream(container) -> av.VideoStream | None:
         if not stream.disposition & av.stream.Disposition.attached_pic:
             return stream
     return None
+
+
+class Damage:
+    """What a damaged file cost while it was decoded (a bit-flipped or badly cut download)."""
+
+    MAX_BAD_RUN = 100  # packets rejected in a row: the stream is broken from there on
+
+    def __init__(self):
+        self.skipped_packets = 0  # rejected by the decoder, and stepped over
+        self.damaged_frames = 0  # decoded from a corrupt stretch (see decoded_frames)
+        self.bad_run = 0
+        self.since_key = False  # a frame was lost or concealed since the last intra frame
+
+    def summary(self) -> str | None:
+        parts = []
+        if self.skipped_packets:
+            parts.append(f"{self.skipped_packets} packets could not be decoded and were skipped")
+        if self.damaged_frames:
+            parts.append(f"{self.damaged_frames} frames came out damaged")
+        return f"damaged stream: {', '.join(parts)}" if parts else None
+
+
+def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.VideoFrame, bool]]:
+    """(frame, damaged) for every frame of `stream`, in presentation order. A packet the decoder
+    rejects is stepped over, as FFmpeg's own tools do, rather than ending the stream there: a
+    bit flip an hour into a file then costs a few seconds of it, not the rest. The frames the
+    decoder says it concealed errors in, and those after a lost or concealed one up to the next
+    intra frame (they are predicted from it), are marked damaged: they hold smears and blocks."""
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.InvalidDataError:
+            damage.skipped_packets += 1
+            damage.bad_run += 1
+            damage.since_key = True
+            if damage.bad_run >= Damage.MAX_BAD_RUN:
+                raise
+            continue
+        damage.bad_run = 0
+        for frame in frames:
+            if frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
+                damage.since_key = False  # predicted from nothing before it
+            if frame.is_corrupt:
+                damage.since_key = True  # the frames predicted from it carry its errors on
+            damage.damaged_frames += damage.since_key
+            yield frame, damage.since_key
 
 
 def _pixel_aspect(stream) -> Fraction:
@@ -71,13 +124,13 @@ def _pixel_aspect(stream) -> Fraction:
 def probe(path: str) -> Probe:
     """Stream facts from the container header and the first decoded frame."""
     try:
-        with av.open(path) as container:
+        with open_input(path) as container:
             stream = video_stream(container)
             if stream is None:
                 what = "only a cover picture" if container.streams.video else "audio only or not a video"
                 raise MediaError(f"no video stream ({what})")
             ctx = stream.codec_context
-            first = next(container.decode(stream), None)
+            first = next((f for f, _ in decoded_frames(container, stream, Damage())), None)
             if first is None:
                 raise MediaError("no decodable video frame")
             rotation = int(getattr(first, "rotation", 0) or 0) % 360
@@ -137,6 +190,7 @@ class DecodedFrame:
     time_s: float | None  # presentation time; frame index / fps is wrong for variable frame rates
     stored_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, before scaling and rotation
     stretched: bool = False  # of another shape than the stream's first frame, so stretched to fit
+    damaged: bool = False  # decoded from a corrupt stretch of the file (see decoded_frames)
 
 
 def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
@@ -152,12 +206,14 @@ def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
 
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
-           out_size: tuple[int, int] | None, fast: bool = False, threads: int = 0) -> Iterator[DecodedFrame]:
+           out_size: tuple[int, int] | None, fast: bool = False, threads: int = 0,
+           damage: Damage | None = None) -> Iterator[DecodedFrame]:
     """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
     transcode frame. Sizes are (width, height) after rotation. The analysis frame is scaled from
     the transcode frame, so the full-size frame is scaled only once. `fast` skips H.264's
     deblocking filter: fine for analysis at a few dozen pixels wide, not for frames to keep.
-    `threads`: decoder threads, 0 for FFmpeg's choice; 1 when other processes already use the cores."""
+    `threads`: decoder threads, 0 for FFmpeg's choice; 1 when other processes already use the cores.
+    `damage`, if given, counts what a damaged file cost."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
@@ -175,14 +231,14 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # numbers read as BT.601 were up to 30 levels off in a channel.
     to_out, to_small = VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
-    with av.open(path) as container:
+    with open_input(path) as container:
         stream = video_stream(container)
         if threads != 1:
             stream.thread_type = "AUTO"
             stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
-        frames = container.decode(stream)
+        frames = decoded_frames(container, stream, damage or Damage())
         if out_size is not None:
             specs = _filters(probe_, *pre(out_size))
             if specs:
@@ -190,7 +246,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         index = 0
         first_aspect = None  # a stream can change size part-way (a recording across a switch)
         try:
-            for frame in frames:
+            for frame, damaged in frames:
                 stored = (frame.width, frame.height)
                 first_aspect = first_aspect or frame.width / frame.height
                 stretched = abs(frame.width / frame.height / first_aspect - 1) > 0.02
@@ -208,7 +264,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     small = np.ascontiguousarray(np.rot90(small, rot // 90))
                     out = out and _rotate_yuv420p(out, rot)
                 time_s = float(frame.time) if frame.time is not None else None
-                yield DecodedFrame(index, small, out, time_s, stored, stretched)
+                yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:
@@ -244,22 +300,29 @@ def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, 
     return specs
 
 
-def _filtered(frames: Iterator[av.VideoFrame], stream, specs: list[tuple[str, str]]) -> Iterator[av.VideoFrame]:
-    """`frames` through a chain of FFmpeg filters, (name, arguments) each."""
+def _filtered(frames: Iterator[tuple[av.VideoFrame, bool]], stream,
+              specs: list[tuple[str, str]]) -> Iterator[tuple[av.VideoFrame, bool]]:
+    """(frame, damaged) pairs through a chain of FFmpeg filters, (name, arguments) each; a frame
+    out is damaged when the frame in at its time was."""
     graph = av.filter.Graph()
     nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs), graph.add("buffersink")]
     for a, b in itertools.pairwise(nodes):
         a.link_to(b)
     graph.configure()
 
-    def ready() -> Iterator[av.VideoFrame]:
+    damaged_pts: set[int] = set()
+
+    def ready() -> Iterator[tuple[av.VideoFrame, bool]]:
         while True:
             try:
-                yield graph.pull()
+                frame = graph.pull()
             except (av.BlockingIOError, av.EOFError):
                 return
+            yield frame, frame.pts in damaged_pts
 
-    for frame in frames:
+    for frame, damaged in frames:
+        if damaged and frame.pts is not None:
+            damaged_pts.add(frame.pts)
         graph.push(frame)
         yield from ready()
     graph.push(None)  # bwdif holds a frame back to look ahead

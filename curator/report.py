@@ -82,12 +82,10 @@ def shard_members(root: Path, keys: set[str] | None, suffixes: tuple[str, ...]) 
 
 def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
     """RGB frames at (or just after) the given times of a video file or mp4 bytes."""
-    import av
-
-    from curator.media import video_stream
+    from curator.media import open_input, video_stream
 
     out = []
-    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
+    with open_input(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
         stream = video_stream(container)
         for t in times_s:
             container.seek(max(0, int(t / stream.time_base)), stream=stream, backward=True)

@@ -95,6 +95,14 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert changed["warning"] == "frame size changed from 96x64 to 64x64 at frame 48"
     assert [c["kept"] for c in changed["clips"]] == [True, False]
     assert changed["clips"][1]["start_frame"] >= 48 and changed["clips"][1]["reason"].startswith("size_change")
+    # Damaged part-way: the packet the decoder rejects is stepped over, the frames predicted from the
+    # lost one make a dropped clip of their own, and the clean frames on either side are kept.
+    damaged = records["damaged.mp4"]
+    assert damaged["num_frames"] == 143 and "1 packets could not be decoded" in damaged["warning"]
+    assert [c["kept"] for c in damaged["clips"]] == [True, False, True]
+    assert damaged["clips"][1]["reason"].startswith("damaged") and damaged["clips"][2]["end_frame"] == 143
+    # No clean source is taken for damaged.
+    assert all(records[name]["warning"] is None for name in set(truth) | {"bikes.mp4"})
     for reason in ("static", "too_dark", "too_short"):
         assert summary["drop_reasons"][reason] >= 1
     assert summary["kept"] + summary["dropped"] == summary["clips"]

@@ -7,12 +7,13 @@ from pathlib import Path
 
 
 def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None,
-            pixel_aspect=None):
+            pixel_aspect=None, gop=None, metadata=None):
     """Write RGB frames as H.264 with PyAV; `pts` with `time_base` gives a variable frame rate;
-    `pixel_aspect` (a Fraction) stores the frames anamorphic."""
+    `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many."""
     import av
 
     with av.open(str(path), "w") as c:
+        c.metadata.update(metadata or {})
         s = c.add_stream("libx264", rate=fps)
         s.height, s.width = frames[0].shape[:2]
         s.pix_fmt = pix_fmt
@@ -22,6 +23,8 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             s.set_display_rotation(rotation)
         if pixel_aspect:
             s.codec_context.sample_aspect_ratio = pixel_aspect
+        if gop:
+            s.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
         for i, a in enumerate(frames):
             f = av.VideoFrame.from_ndarray(a, format="rgb24")
             if pts is not None:
@@ -109,10 +112,26 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "size_change.ts").write_bytes((d / "segment0.ts").read_bytes() + (d / "segment1.ts").read_bytes())
     for i in range(2):
         (d / f"segment{i}.ts").unlink()
+    # A title tag in Latin-1, not UTF-8, as older AVI and camera files have: written as "café"
+    # in UTF-8, then its two bytes for "é" swapped for Latin-1's one and a space.
+    _encode(d / "latin1_title.mp4", _moving(48, 64, 96, 12), metadata={"title": "café au lait"})
+    tagged = (d / "latin1_title.mp4").read_bytes()
+    assert tagged.count("café".encode()) == 1
+    (d / "latin1_title.mp4").write_bytes(tagged.replace("café".encode(), b"caf\xe9 "))
+    # Damaged part-way: one packet's NAL header broken (the decoder rejects it), with a key frame
+    # every 24 frames, so the frames from the next key frame on decode clean again.
+    _encode(d / "damaged.mp4", _moving(144, 64, 96, 11), gop=24)
+    with av.open(str(d / "damaged.mp4")) as c:
+        packets = [(p.pos, p.is_keyframe) for p in c.demux(video=0) if p.size]
+    damaged = bytearray((d / "damaged.mp4").read_bytes())
+    damaged[packets[40][0] + 4] = 0xFF  # after the 4-byte NAL length: forbidden bit set
+    assert not packets[40][1]
+    (d / "damaged.mp4").write_bytes(bytes(damaged))
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
-            "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok"}
+            "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok",
+            "damaged.mp4": "ok", "latin1_title.mp4": "ok"}
 
 
 def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):

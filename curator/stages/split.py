@@ -12,6 +12,7 @@ manifest record whose status says what happened.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -137,8 +138,12 @@ class _Splitter:
         if self.fade_in or fade_out:
             frames = _trim_fades(frames, self.fade_in, fade_out)
         self.fade_in = False
-        if not frames:
-            return
+        # A damaged stretch of the file (see media.decoded_frames) is a clip of its own, dropped,
+        # so that the undamaged frames on either side still make clips.
+        for damaged, run in itertools.groupby(frames, key=lambda f: f.damaged):
+            self._clip(list(run), damaged)
+
+    def _clip(self, frames: list[media.DecodedFrame], damaged: bool) -> None:
         start, end = frames[0].index, frames[-1].index + 1
         t_start = frames[0].time_s if frames[0].time_s is not None else start / self.fps
         t_last = frames[-1].time_s if frames[-1].time_s is not None else (end - 1) / self.fps
@@ -151,7 +156,9 @@ class _Splitter:
         w, h = self.out_size
         reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
         stretched = sum(f.stretched for f in frames)
-        if reason is None and stretched:
+        if damaged:
+            reason = "damaged: decoded from a corrupt stretch of the source (lost or concealed data)"
+        elif reason is None and stretched:
             reason = (f"size_change: {stretched} of its {len(frames)} frames are of another shape than the "
                       f"source's first frame, and would be stretched")
         self.timings["score_s"] += time.perf_counter() - t0
@@ -232,9 +239,11 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     times: list[float] = []
     warnings = []
     size = None
+    damage = media.Damage()
     t_loop = time.perf_counter()
     try:
-        for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0):
+        for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0,
+                                  damage=damage):
             n = frame.index + 1
             times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
             if frame.stored_size != size:
@@ -250,6 +259,8 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     except media.MediaError as e:
         record["error"] = str(e)
         return record, []
+    if damage.summary():
+        warnings.append(damage.summary())
     for b in detector.flush():
         splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
     if n == 0:
