@@ -146,7 +146,9 @@ class CurateConfig:
     # once (they fill the cores between them), else 0: FFmpeg's choice of decoder threads and one
     # clip per core, at most 4. It never changes the output (see media.encode_clip).
     codec_threads: int | None = None
-    source_timeout_s: float = 1800.0  # a source that takes longer gets an error record
+    # A source whose job goes this long without progress (a hung decoder) gets an error record; a long
+    # source, a film say, takes as long as it needs.
+    source_timeout_s: float = 300.0
     report: bool = False  # also write <output>/report/index.html (vfm-report) at the end
 
 

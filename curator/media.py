@@ -14,6 +14,8 @@ import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
+from curator.sandbox import progress
+
 
 class MediaError(Exception):
     """The source cannot be curated; the message says why, for its manifest record."""
@@ -264,6 +266,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     small = np.ascontiguousarray(np.rot90(small, rot // 90))
                     out = out and _rotate_yuv420p(out, rot)
                 time_s = float(frame.time) if frame.time is not None else None
+                progress()  # for the sandbox's timeout, which is on time without progress
                 yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged)
                 index += 1
         except av.FFmpegError as e:

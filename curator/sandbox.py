@@ -3,7 +3,9 @@ interpreter (a decoder segfault on a corrupt stream) or hangs costs that job an 
 caller.
 
 The parent sends `(function, args)` and reads back `(ok, result or message)`, each a pickle with an
-8-byte length prefix, over the child's stdin/stdout. Only this package's own parent and child
+8-byte length prefix, over the child's stdin/stdout; before that, `(None, None)` whenever the job
+reports progress (`progress()`). The timeout is on time without progress, so a long source takes as
+long as it needs while a hung decoder is stopped. Only this package's own parent and child
 exchange these pickles. The child is a fresh interpreter (`python -m curator.sandbox`), not a fork
 or a multiprocessing spawn, so it never re-imports its parent's main module.
 """
@@ -18,13 +20,51 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 _HEADER = struct.Struct("<Q")
+_PROGRESS_EVERY_S = 1.0
+_child_out = None  # in a sandbox child: the stream to the parent
+_child_lock = threading.Lock()
+_last_progress = 0.0
+
+
+def progress() -> None:
+    """Tell the parent that the job is getting on (in a sandbox child; elsewhere it does nothing).
+    Cheap enough to call for every frame: at most one message a second goes out."""
+    global _last_progress
+    if _child_out is None:
+        return
+    now = time.monotonic()
+    if now - _last_progress >= _PROGRESS_EVERY_S:
+        _last_progress = now
+        with _child_lock:
+            _write(_child_out, (None, None))
+
+
+@contextmanager
+def keepalive():
+    """Progress, once a second, through a stretch of work that cannot report its own (a model's
+    forward passes over a whole source)."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(_PROGRESS_EVERY_S):
+            progress()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class SandboxError(Exception):
-    """The job did not return: the child died or ran out of time. The message says which."""
+    """The job did not return: the child died or stopped making progress. The message says which."""
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
@@ -67,17 +107,20 @@ class Sandbox:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def run(self, func: str, *args, timeout_s: float | None = None):
-        """Call `func` ("module:function") with `args` in the child; its result, or SandboxError."""
+        """Call `func` ("module:function") with `args` in the child; its result, or SandboxError.
+        `timeout_s`: the longest the job may go without reporting progress (or returning)."""
         self.start()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             _write(self.proc.stdin, (func, args))
             fd = self.proc.stdout.fileno()
-            (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-            ok, value = pickle.loads(_read_exact(fd, size, deadline))
+            ok = None
+            while ok is None:  # progress messages until the result
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+                ok, value = pickle.loads(_read_exact(fd, size, deadline))
         except TimeoutError:
             self.close()
-            raise SandboxError(f"timed out after {timeout_s}s") from None
+            raise SandboxError(f"timed out: no progress for {timeout_s}s") from None
         except (EOFError, BrokenPipeError):
             code = self.proc.wait()
             self.proc = None
@@ -95,8 +138,9 @@ class Sandbox:
 
 
 def _serve(preload: str | None) -> None:
+    global _child_out
     # The protocol owns the real stdout; anything a library prints goes to stderr instead.
-    out = os.fdopen(os.dup(1), "wb")
+    out = _child_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     if preload:
         try:
@@ -115,10 +159,16 @@ def _serve(preload: str | None) -> None:
             if func not in funcs:
                 module, name = func.split(":")
                 funcs[func] = getattr(importlib.import_module(module), name)
-            _write(out, (True, funcs[func](*args)))
+            reply = (True, funcs[func](*args))
         except Exception as e:  # the job's own failure travels back as its message
-            _write(out, (False, f"{type(e).__name__}: {e}"))
+            reply = (False, f"{type(e).__name__}: {e}")
+        with _child_lock:
+            _write(out, reply)
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1] if len(sys.argv) > 1 else None)
+    # Served from the module as the jobs import it, not from __main__, so that their progress()
+    # finds the stream to the parent.
+    from curator.sandbox import _serve as serve
+
+    serve(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -290,8 +290,21 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     records = [json.loads(r["record"]) for r in rows]
     assert [r["status"] for r in records] == ["ok", "error", "ok", "error", "ok"]
     assert records[1]["error"] == "the process running it died (signal SIGSEGV)"
-    assert "timed out after 6s" in records[3]["error"]
+    assert records[3]["error"] == "timed out: no progress for 6s"
     assert len(rows[0]["mp4"]) == sum(c["kept"] for c in records[0]["clips"]) > 0
+
+
+def test_the_sandbox_timeout_is_on_time_without_progress_so_a_long_source_is_not_cut_off():
+    from curator.sandbox import Sandbox, SandboxError
+
+    sandbox = Sandbox(preload="vfm_testmedia")
+    try:
+        assert sandbox.run("vfm_testmedia:busy", 5.0, True, timeout_s=2) == "done"
+        with pytest.raises(SandboxError, match="no progress for 2s"):
+            sandbox.run("vfm_testmedia:busy", 5.0, False, timeout_s=2)
+        assert sandbox.run("vfm_testmedia:busy", 0.1, False, timeout_s=2) == "done"  # a new child
+    finally:
+        sandbox.close()
 
 
 def test_sandbox_child_loads_the_jobs_module_before_the_first_job():

@@ -134,6 +134,20 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             "damaged.mp4": "ok", "latin1_title.mp4": "ok"}
 
 
+def busy(seconds: float, report: bool) -> str:
+    """A sandbox job that works for `seconds`, reporting progress or not."""
+    import time
+
+    from curator.sandbox import progress
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        if report:
+            progress()
+    return "done"
+
+
 def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
     """A SourceWorker job that dies like a decoder segfault on files named crash*, hangs on
     files named hang*, and curates everything else for real."""

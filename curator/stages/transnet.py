@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from curator import media
-from curator.sandbox import Sandbox, SandboxError
+from curator.sandbox import Sandbox, SandboxError, keepalive
 
 INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
 _model = None
@@ -43,14 +43,18 @@ def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: i
 
 
 def detect_shots(path: str, cfg_dict: dict) -> list[int]:
-    """Runs in the sandbox: decode at the model's size, predict, threshold."""
-    import torch
-
+    """Runs in the sandbox: decode at the model's size (reporting progress frame by frame),
+    predict, threshold."""
     p = media.probe(path)
     frames = np.stack([f.small for f in media.decode(path, p, INPUT_SIZE, None, fast=True)])  # (T, 27, 48, 3)
-    model = _load()
-    with torch.no_grad():
-        single, _ = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
+    # Loading torch and the model (the first time) and the passes over the whole source report no
+    # progress of their own: the passes take minutes for a long source on a CPU.
+    with keepalive():
+        import torch
+
+        model = _load()
+        with torch.no_grad():
+            single, _ = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
     return cuts_from_predictions(single.numpy(), cfg_dict["threshold"], cfg_dict["min_shot_frames"])
 
 
