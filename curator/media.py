@@ -189,7 +189,10 @@ class DecodedFrame:
     index: int  # in decode (presentation) order, from 0
     small: np.ndarray  # (h, w, 3) uint8 RGB analysis frame
     frame: av.VideoFrame | None  # yuv420p at the transcode size; None when not asked for
-    time_s: float | None  # presentation time; frame index / fps is wrong for variable frame rates
+    # Presentation time in seconds from the source's start, as players and `ffmpeg -ss` count it (a
+    # broadcast .ts starts its clock at 1.4 s or anywhere); frame index / fps is wrong for variable
+    # frame rates. None when the stream gives no timestamp.
+    time_s: float | None
     stored_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, before scaling and rotation
     stretched: bool = False  # of another shape than the stream's first frame, so stretched to fit
     damaged: bool = False  # decoded from a corrupt stretch of the file (see decoded_frames)
@@ -245,6 +248,8 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             specs = _filters(probe_, *pre(out_size))
             if specs:
                 frames = _filtered(frames, stream, specs)
+        # The source's start: the container's earliest timestamp, over all streams.
+        origin = container.start_time / av.time_base if container.start_time is not None else None
         index = 0
         first_aspect = None  # a stream can change size part-way (a recording across a switch)
         try:
@@ -265,7 +270,10 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 if rot:
                     small = np.ascontiguousarray(np.rot90(small, rot // 90))
                     out = out and _rotate_yuv420p(out, rot)
-                time_s = float(frame.time) if frame.time is not None else None
+                time_s = None
+                if frame.time is not None:
+                    origin = float(frame.time) if origin is None else origin
+                    time_s = max(0.0, float(frame.time) - origin)  # not -3e-7 from rounding
                 progress()  # for the sandbox's timeout, which is on time without progress
                 yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged)
                 index += 1

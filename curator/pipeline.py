@@ -93,7 +93,7 @@ def _work(path: str, cfg_dict: dict, boundaries: list[int] | None = None) -> tup
     record, clips = process_source(path, sid, cfg, boundaries)
     record["sha256"] = sha
     metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height,
-              "start_s": c.start_s, "end_s": c.end_s} for c in clips]
+              "start_s": c.start_s, "end_s": c.end_s, "num_frames": c.num_frames} for c in clips]
     return record, metas, [c.mp4 for c in clips if c.kept]
 
 
@@ -152,7 +152,7 @@ def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
         "key": clip["key"], "source": record["source"], "source_sha256": record["sha256"],
         "source_id": record["source_id"], "start_frame": clip["start_frame"], "end_frame": clip["end_frame"],
         "start_s": clip["start_s"], "end_s": clip["end_s"],
-        "fps": fps, "num_frames": clip["end_frame"] - clip["start_frame"], "width": clip["width"],
+        "fps": fps, "num_frames": clip["num_frames"], "width": clip["width"],  # of the mp4, at `fps`
         "height": clip["height"], "shot_index": clip["shot_index"], "scores": clip["scores"],
         "caption": clip["caption"], "caption_source": clip["caption_source"],
         "curator_version": CURATOR_VERSION, "config_hash": cfg_hash,

@@ -81,20 +81,33 @@ def shard_members(root: Path, keys: set[str] | None, suffixes: tuple[str, ...]) 
 
 
 def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
-    """RGB frames at (or just after) the given times of a video file or mp4 bytes."""
+    """RGB frames at (or just after) the given times of a video file or mp4 bytes, in seconds from
+    its start (as the manifest counts them: a .ts file's clock starts at 1.4 s or anywhere)."""
+    import av
+
     from curator.media import open_input, video_stream
 
     out = []
     with open_input(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
         stream = video_stream(container)
-        for t in times_s:
-            container.seek(max(0, int(t / stream.time_base)), stream=stream, backward=True)
-            frame = None
-            for frame in container.decode(stream):
-                if frame.time is None or frame.time >= t - 1e-3:
+        origin = container.start_time / av.time_base if container.start_time is not None else 0.0
+        for t in [origin + t for t in times_s]:  # on the stream's clock
+            back = 0.0
+            while True:
+                try:
+                    container.seek(max(0, int((t - back) / stream.time_base)), stream=stream, backward=True)
+                except av.FFmpegError as e:
+                    raise ValueError(f"cannot seek in {source if isinstance(source, Path) else 'the clip'}: {e}") from e
+                frames = container.decode(stream)
+                frame = next(frames, None)
+                if (frame is not None and (frame.time is None or frame.time <= t + 1e-3)) or t - back < origin:
                     break
+                # Landed past t, or at the end: an MPEG-TS file has no index to seek by. Go back further.
+                back = max(1.0, 2 * back)
+            while frame is not None and frame.time is not None and frame.time < t - 1e-3:
+                frame = next(frames, None)
             if frame is None:
-                raise ValueError(f"no frame at {t:.2f} s")
+                raise ValueError(f"no frame at {t - origin:.2f} s")
             out.append(frame.to_ndarray(format="rgb24"))
     return out
 

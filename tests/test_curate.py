@@ -12,10 +12,11 @@ import decord
 import numpy as np
 import pytest
 import webdataset as wds
-from vfm_testmedia import write_bad_and_odd_inputs
+from omegaconf import OmegaConf
+from vfm_testmedia import write_bad_and_odd_inputs, write_uneven_clock
 
 import conf
-from curator.pipeline import curate
+from curator.pipeline import _sample_meta, _work, curate
 from curator.stages.split import process_source
 from curator.writer import read_jsonl
 
@@ -92,9 +93,13 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert strip and all(c["reason"].startswith("low_resolution") for c in strip)
     # Frames of another shape than the first would come out stretched: their clips go, with the reason.
     changed = records["size_change.ts"]
-    assert changed["warning"] == "frame size changed from 96x64 to 64x64 at frame 48"
+    assert changed["warning"].startswith("frame size changed from 96x64 to 64x64 at frame 48; ")
     assert [c["kept"] for c in changed["clips"]] == [True, False]
     assert changed["clips"][1]["start_frame"] >= 48 and changed["clips"][1]["reason"].startswith("size_change")
+    # Its two segments each start their clock at 1.4 s, as MPEG-TS does: times count from the file's
+    # start, and on from the first segment's end rather than back.
+    assert "clock jumps at 1 point(s), first by -1.96 s at frame 48" in changed["warning"]
+    assert changed["clips"][0]["start_s"] < 0.2 and changed["clips"][1]["start_s"] > changed["clips"][0]["end_s"]
     # Damaged part-way: the packet the decoder rejects is stepped over, the frames predicted from the
     # lost one make a dropped clip of their own, and the clean frames on either side are kept.
     damaged = records["damaged.mp4"]
@@ -117,7 +122,7 @@ def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):
     for s in samples:
         meta = json.loads(s["json"])
         assert s["txt"].decode() == meta["caption"] and meta["caption_source"] == "attributes"
-        assert meta["key"] == s["__key__"] and meta["num_frames"] == meta["end_frame"] - meta["start_frame"]
+        assert meta["key"] == s["__key__"]
         assert {"motion", "motion_area", "brightness", "phash"} <= set(meta["scores"])
         path = out / f"{s['__key__']}.mp4"
         path.write_bytes(s["mp4"])
@@ -178,6 +183,52 @@ def test_rotated_vfr_and_odd_sources_come_out_right(curated):
     with av.open(io.BytesIO(sample["mp4"])) as c:
         st = c.streams.video[0]
         assert (st.width, st.height) == (144, 64) and st.sample_aspect_ratio in (None, 0, 1)
+
+
+def _square_x(mp4: bytes) -> np.ndarray:
+    """The red square's centre column in each frame of a clip."""
+    with av.open(io.BytesIO(mp4)) as c:
+        xs = []
+        for f in c.decode(video=0):
+            a = f.to_ndarray(format="rgb24").astype(int)
+            red = (a[..., 0] > 180) & (a[..., 1] < 90)
+            xs.append(np.nonzero(red)[1].mean())
+    return np.array(xs)
+
+
+def test_clips_of_an_uneven_clock_play_at_filmed_speed_and_stop_at_a_pause(tmp_path):
+    path = tmp_path / "phone.mp4"
+    resume, pause_s = write_uneven_clock(path, speed_px_s=12.0)
+    record, clips = process_source(str(path), "phone", conf.compose("curate", ["input=x", "output=y"]))
+    assert record["status"] == "ok" and record["vfr"]
+    assert f"clock jumps at 1 point(s), first by +{pause_s:.2f} s at frame {resume}" in record["warning"]
+    # No clip spans the pause: it would freeze on a frame for 5 s.
+    assert all(c.end_frame <= resume or c.start_frame >= resume for c in clips)
+    kept = [c for c in clips if c.kept]
+    assert {c.start_frame >= resume for c in kept} == {False, True}
+    for c in kept:
+        # The square moves at one speed in time, so it moves at one speed a frame in a clip that
+        # plays at the speed it was filmed. Frame by frame at the mean rate, it crawled through the
+        # 24 fps stretch at a third of its speed in the 8 fps one (slope 0.65, off the line by 8 px).
+        x = _square_x(c.mp4)
+        assert len(x) == c.num_frames
+        k = np.arange(len(x))
+        slope, at0 = np.polyfit(k, x, 1)
+        assert slope == pytest.approx(12.0 / record["out_fps"], rel=0.1)
+        assert np.abs(x - (slope * k + at0)).max() < 2.5
+        assert len(x) / record["out_fps"] == pytest.approx(c.end_s - c.start_s, abs=1.5 / record["out_fps"])
+
+
+def test_sample_metadata_counts_the_frames_of_its_mp4_at_its_rate(tmp_path, bikes):
+    # At transcode.fps=10, a 25 fps source's clip has 2.5 times fewer frames than its source span.
+    cfg = OmegaConf.to_container(conf.compose("curate", ["input=x", "output=y", "transcode.fps=10"]), resolve=True)
+    record, metas, mp4s = _work(str(bikes), cfg)
+    kept = [m for m in metas if m["kept"]]
+    assert kept and len(kept) == len(mp4s)
+    for m, mp4 in zip(kept, mp4s, strict=True):
+        meta = _sample_meta(record, {**m, "caption": "", "caption_source": "attributes"}, "hash")
+        assert meta["fps"] == 10
+        assert meta["num_frames"] == len(decord.VideoReader(io.BytesIO(mp4))) < m["end_frame"] - m["start_frame"]
 
 
 def test_rerun_on_finished_output_does_nothing(curated, corpus):
@@ -275,8 +326,6 @@ def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
 
 
 def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, synth_corpus):
-    from omegaconf import OmegaConf
-
     from curator.pipeline import SourceWorker
 
     media_dir, _ = synth_corpus
@@ -484,7 +533,6 @@ def test_ocr_filter_measures_burned_in_text_and_drops_by_it(tmp_path, synth_corp
 
 
 def test_sidecar_captions_from_txt_json_and_csv_with_fallback(tmp_path, synth_corpus):
-    from omegaconf import OmegaConf
 
     from curator.stages.caption import SidecarCaptioner
 

@@ -11,11 +11,15 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import av
+import numpy as np
 import pytest
+from vfm_testmedia import _encode, _moving
 
 import conf
 from curator.pipeline import main_from_config
-from curator.report import write_report
+from curator.report import frames_at, write_report
+from curator.stages.split import process_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,6 +125,21 @@ def test_a_moved_source_costs_its_dropped_thumbnails_not_the_report(curated, tmp
     assert "frames unavailable" in index.read_text()  # dropped clips: not in shards, source gone
     kept = json.loads((out / "summary.json").read_text())["kept"]
     assert sum(src.startswith("clips/") for src in page.images) == kept  # kept clips come from the shards
+
+
+def test_a_clips_seconds_find_its_frames_in_a_ts_source(tmp_path):
+    # MPEG-TS starts its clock at 1.4 s and has no index to seek by: the manifest counts seconds from
+    # the file's start (as players and `ffmpeg -ss` do), and the report's thumbnails find a clip's
+    # first and last frames from them.
+    path = tmp_path / "broadcast.ts"
+    _encode(path, _moving(72, 64, 96, 4))
+    record, clips = process_source(str(path), "ts", conf.compose("curate", ["input=x", "output=y"]))
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    (clip,) = clips
+    assert 0 <= clip.start_s < 0.2  # its first frame comes 2 frames in, after the B-frame delay
+    first, last = frames_at(path, [clip.start_s, clip.end_s - 1.5 / record["fps"]])
+    assert np.array_equal(first, frames[clip.start_frame]) and np.array_equal(last, frames[clip.end_frame - 1])
 
 
 def test_vfm_report_refuses_a_folder_that_is_not_curated(tmp_path):

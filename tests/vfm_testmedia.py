@@ -50,6 +50,27 @@ def _moving(n, h, w, seed):
     return frames
 
 
+def write_uneven_clock(path: Path, speed_px_s: float = 12.0) -> tuple[int, float]:
+    """A red square moving at `speed_px_s` (real time) over grey, filmed as a phone does in the dark:
+    48 frames at 24 fps, then 16 frames at 8 fps, then a 5 s pause in the recording, then 36 frames
+    at 24 fps. Returns (index of the first frame after the pause, the clock's jump there in s)."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    pts = list(range(48)) + [48 + 3 * i for i in range(16)]  # in 1/24 s
+    resume = pts[-1] + 3 + 120
+    pts += [resume + i for i in range(36)]
+    frames = []
+    for p in pts:
+        a = np.full((64, 96, 3), 128, np.uint8)
+        x = round(4 + speed_px_s * (p % resume if p >= resume else p) / 24)
+        a[24:36, x: x + 12] = (240, 20, 20)
+        frames.append(a)
+    _encode(path, frames, fps=24, pts=pts, time_base=Fraction(1, 24))
+    return 64, (resume - pts[63]) / 24
+
+
 def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     """Broken and unusual files next to good ones; returns name -> what the curator must do
     ("error" or "ok")."""

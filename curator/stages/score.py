@@ -145,9 +145,8 @@ def text_area(frame: np.ndarray, min_confidence: float = 0.5) -> tuple[float, li
     return round(min(1.0, area / (h * w)), 4), texts
 
 
-def filter_reason(scores: dict, num_frames: int, fps: float, width: int, height: int, clips_cfg, cfg) -> str | None:
-    """Why a clip is dropped, or None to keep it."""
-    duration = num_frames / fps
+def filter_reason(scores: dict, duration: float, width: int, height: int, clips_cfg, cfg) -> str | None:
+    """Why a clip of `duration` seconds is dropped, or None to keep it."""
     if duration < clips_cfg.min_s:
         return f"too_short: {duration:.2f}s < clips.min_s={clips_cfg.min_s}"
     if min(width, height) < cfg.min_short_side:

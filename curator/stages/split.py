@@ -12,7 +12,7 @@ manifest record whose status says what happened.
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import os
 import threading
 import time
@@ -41,6 +41,7 @@ class Clip:
     shot_index: int = 0
     start_s: float = 0.0  # presentation times in the source
     end_s: float = 0.0
+    num_frames: int = 0  # in the encoded clip, at the output rate; kept clips only
 
     def record(self) -> dict:
         return {"key": self.key, "start_frame": self.start_frame, "end_frame": self.end_frame,
@@ -94,12 +95,52 @@ def encode_workers(codec_threads: int | None) -> int:
     return codec_threads or min(4, len(os.sched_getaffinity(0)))
 
 
+class Timeline:
+    """Each frame's presentation time made fit for clips, in decode order. Times never go back: a
+    clock that restarts (recordings joined end to end, as broadcast .ts segments often are) goes on
+    counting from the frame before. A jump, forward by more than `max_gap_s` (a pause in the
+    recording, a camera that records on motion) or back by more than that, is a break: no clip
+    spans one, or it would freeze on a frame for the gap, or play two stretches of time as one."""
+
+    def __init__(self, fps: float):
+        self.step = 1.0 / fps
+        self.max_gap_s = max(0.5, 4 * self.step)  # a 0.5 fps time-lapse has 2 s between frames
+        self.prev: float | None = None
+        self.offset = 0.0  # added after each restart of the clock
+        self.break_at: set[int] = set()  # the first frame after each break
+        self.first_break: tuple[int, float] | None = None  # (that frame, the jump in s)
+
+    def __call__(self, frame: media.DecodedFrame) -> None:
+        """Set `frame.time_s` on this timeline."""
+        raw = frame.time_s if frame.time_s is not None else frame.index * self.step
+        t = raw + self.offset
+        if self.prev is not None:
+            jump = t - self.prev
+            if abs(jump) > self.max_gap_s:
+                self.break_at.add(frame.index)
+                self.first_break = self.first_break or (frame.index, jump)
+            if jump < -self.max_gap_s:
+                self.offset += self.prev + self.step - t
+                t = self.prev + self.step
+            elif jump < 0:  # a frame a little out of order: not a break, kept in order
+                t = self.prev
+        frame.time_s = self.prev = t
+
+    def warning(self) -> str | None:
+        if self.first_break is None:
+            return None
+        index, jump = self.first_break
+        return (f"the stream's clock jumps at {len(self.break_at)} point(s), first by {jump:+.2f} s at frame "
+                f"{index}: clips stop at each jump")
+
+
 class _Splitter:
     """The online windowing state of one source; frames are pushed in decode order."""
 
     def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict,
-                 encoder: ClipEncoder):
-        self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
+                 encoder: ClipEncoder, vfr: bool = False):
+        self.source_id, self.fps, self.out_fps, self.cfg, self.vfr = source_id, fps, out_fps, cfg, vfr
+        self.timeline = Timeline(fps)
         self.out_size, self.timings, self.encoder = out_size, timings, encoder
         self.max_frames = max(1, round(cfg.clips.max_s * fps))
         self.trim = cfg.clips.trim_frames
@@ -139,14 +180,19 @@ class _Splitter:
             frames = _trim_fades(frames, self.fade_in, fade_out)
         self.fade_in = False
         # A damaged stretch of the file (see media.decoded_frames) is a clip of its own, dropped,
-        # so that the undamaged frames on either side still make clips.
-        for damaged, run in itertools.groupby(frames, key=lambda f: f.damaged):
-            self._clip(list(run), damaged)
+        # so that the undamaged frames on either side still make clips; a jump of the clock ends a clip.
+        runs: list[list[media.DecodedFrame]] = []
+        for f in frames:
+            if runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at:
+                runs[-1].append(f)
+            else:
+                runs.append([f])
+        for run in runs:
+            self._clip(run, run[0].damaged)
 
     def _clip(self, frames: list[media.DecodedFrame], damaged: bool) -> None:
         start, end = frames[0].index, frames[-1].index + 1
-        t_start = frames[0].time_s if frames[0].time_s is not None else start / self.fps
-        t_last = frames[-1].time_s if frames[-1].time_s is not None else (end - 1) / self.fps
+        t_start, t_last = frames[0].time_s, frames[-1].time_s  # on the Timeline
         t0 = time.perf_counter()
         small = np.stack([f.small for f in frames])
         scores = score.measure(small)
@@ -154,7 +200,10 @@ class _Splitter:
             middle = frames[len(frames) // 2]
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
         w, h = self.out_size
-        reason = score.filter_reason(scores, len(frames), self.fps, w, h, self.cfg.clips, self.cfg.filters)
+        t_end = t_last + 1 / self.fps  # the last frame shows for a mean frame's time
+        # At a variable rate only the clock tells a clip's length; at a constant one, its frame count.
+        duration = t_end - t_start if self.vfr else len(frames) / self.fps
+        reason = score.filter_reason(scores, duration, w, h, self.cfg.clips, self.cfg.filters)
         stretched = sum(f.stretched for f in frames)
         if damaged:
             reason = "damaged: decoded from a corrupt stretch of the source (lost or concealed data)"
@@ -164,9 +213,15 @@ class _Splitter:
         self.timings["score_s"] += time.perf_counter() - t0
         clip = Clip(f"{self.source_id}-{len(self.clips):04d}", start, end, reason is None, reason, scores,
                     width=w, height=h, shot_index=len(self.shots), start_s=round(t_start, 4),
-                    end_s=round(t_last + 1 / self.fps, 4))
+                    end_s=round(t_end, 4))
         if clip.kept:
-            self.encoder.submit(clip, [frames[i].frame for i in resample(len(frames), self.fps, self.out_fps)])
+            # A variable rate source's frames are picked by their times, so that the clip plays at
+            # the speed it was filmed at; at the mean rate frame after frame, the stretches
+            # filmed at a higher rate played slowed down, those at a lower rate sped up.
+            picks = resample_times([f.time_s for f in frames], self.fps, self.out_fps) if self.vfr \
+                else resample(len(frames), self.fps, self.out_fps)
+            clip.num_frames = len(picks)
+            self.encoder.submit(clip, [frames[i].frame for i in picks])
         self.clips.append(clip)
 
 
@@ -188,6 +243,22 @@ def resample(num_frames: int, fps: float, out_fps: float) -> list[int]:
         return list(range(num_frames))
     count = max(1, round(num_frames * out_fps / fps))
     return [min(num_frames - 1, int(k * fps / out_fps + 0.5)) for k in range(count)]
+
+
+def resample_times(times: list[float], fps: float, out_fps: float) -> list[int]:
+    """Indices of the frames shown at `times` (non-decreasing; `fps` frames a second on average)
+    that make up the same stretch of time at a constant `out_fps`: for each output frame, the
+    frame nearest its time (the later of two as near, as `resample` rounds)."""
+    step = 1.0 / out_fps
+    count = max(1, round((times[-1] - times[0] + 1.0 / fps) * out_fps))
+    picks = []
+    for k in range(count):
+        t = times[0] + k * step
+        i = bisect.bisect_left(times, t)  # the first frame at or after t
+        if i == len(times) or (i > 0 and t - times[i - 1] < times[i] - t):
+            i -= 1
+        picks.append(i)
+    return picks
 
 
 def _source_limits(p: media.Probe, cfg) -> str | None:
@@ -224,8 +295,8 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
     detector = GivenBoundaries(boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
     try:
-        return _split(path, p, cfg, detector, _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder),
-                      record)
+        return _split(path, p, cfg, detector,
+                      _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder, vfr=p.vfr), record)
     finally:
         encoder.close()
 
@@ -245,7 +316,8 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0,
                                   damage=damage):
             n = frame.index + 1
-            times.append(frame.time_s if frame.time_s is not None else frame.index / p.fps)
+            splitter.timeline(frame)
+            times.append(frame.time_s)
             if frame.stored_size != size:
                 if size is not None:
                     warnings.append(f"frame size changed from {size[0]}x{size[1]} to "
@@ -259,8 +331,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     except media.MediaError as e:
         record["error"] = str(e)
         return record, []
-    if damage.summary():
-        warnings.append(damage.summary())
+    warnings += [w for w in (splitter.timeline.warning(), damage.summary()) if w]
     for b in detector.flush():
         splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
     if n == 0:
