@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import webdataset as wds
 from omegaconf import OmegaConf
-from vfm_testmedia import write_bad_and_odd_inputs, write_uneven_clock
+from vfm_testmedia import write_bad_and_odd_inputs, write_browser_webm, write_uneven_clock
 
 import conf
 from curator.pipeline import _sample_meta, _work, curate
@@ -217,6 +217,20 @@ def test_clips_of_an_uneven_clock_play_at_filmed_speed_and_stop_at_a_pause(tmp_p
         assert slope == pytest.approx(12.0 / record["out_fps"], rel=0.1)
         assert np.abs(x - (slope * k + at0)).max() < 2.5
         assert len(x) / record["out_fps"] == pytest.approx(c.end_s - c.start_s, abs=1.5 / record["out_fps"])
+
+
+def test_a_header_rate_that_the_timestamps_belie_is_not_believed(tmp_path):
+    path = tmp_path / "browser.webm"
+    write_browser_webm(path, speed_px_s=20.0)
+    record, clips = process_source(str(path), "webm", conf.compose("curate", ["input=x", "output=y"]))
+    assert record["status"] == "ok" and record["fps"] == 30 and not record["vfr"]  # as the header says
+    (clip,) = [c for c in clips if c.kept]
+    # Played frame after frame at 30 fps, the clip took 4.0 s for 4.2 s filmed, and its square jumped.
+    x = _square_x(clip.mp4)
+    assert len(x) / 30 == pytest.approx(clip.end_s - clip.start_s, abs=1.5 / 30)
+    k = np.arange(len(x))
+    slope, at0 = np.polyfit(k, x, 1)
+    assert slope == pytest.approx(20.0 / 30, rel=0.05) and np.abs(x - (slope * k + at0)).max() < 2.0
 
 
 def test_sample_metadata_counts_the_frames_of_its_mp4_at_its_rate(tmp_path, bikes):

@@ -71,6 +71,33 @@ def write_uneven_clock(path: Path, speed_px_s: float = 12.0) -> tuple[int, float
     return 64, (resume - pts[63]) / 24
 
 
+def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
+    """VP8 WebM as a browser's MediaRecorder writes it: the header says 30 fps, but each frame comes
+    when the page could grab one, 20 to 50 ms apart (about 28.6 fps), timed in milliseconds. A red
+    square moves at `speed_px_s` in real time."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    times_ms = np.cumsum(rng.integers(20, 51, 120))
+    with av.open(str(path), "w", format="webm") as c:
+        s = c.add_stream("libvpx", rate=30)
+        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
+        s.codec_context.time_base = Fraction(1, 1000)
+        for t in times_ms:
+            a = np.full((96, 160, 3), 128, np.uint8)
+            x = round(4 + speed_px_s * t / 1000)
+            a[40:56, x: x + 16] = (240, 20, 20)
+            f = av.VideoFrame.from_ndarray(a, format="rgb24")
+            f.pts, f.time_base = int(t), Fraction(1, 1000)
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
 def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     """Broken and unusual files next to good ones; returns name -> what the curator must do
     ("error" or "ok")."""

@@ -12,7 +12,6 @@ manifest record whose status says what happened.
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
@@ -138,8 +137,8 @@ class _Splitter:
     """The online windowing state of one source; frames are pushed in decode order."""
 
     def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict,
-                 encoder: ClipEncoder, vfr: bool = False):
-        self.source_id, self.fps, self.out_fps, self.cfg, self.vfr = source_id, fps, out_fps, cfg, vfr
+                 encoder: ClipEncoder):
+        self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
         self.timeline = Timeline(fps)
         self.out_size, self.timings, self.encoder = out_size, timings, encoder
         self.max_frames = max(1, round(cfg.clips.max_s * fps))
@@ -201,8 +200,12 @@ class _Splitter:
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
         w, h = self.out_size
         t_end = t_last + 1 / self.fps  # the last frame shows for a mean frame's time
-        # At a variable rate only the clock tells a clip's length; at a constant one, its frame count.
-        duration = t_end - t_start if self.vfr else len(frames) / self.fps
+        # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
+        # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
+        # the clip's length, and frames are picked by time; else by count.
+        times = np.array([f.time_s for f in frames])
+        uneven = np.abs(times - t_start - np.arange(len(frames)) / self.fps).max() >= 0.5 / self.fps
+        duration = t_end - t_start if uneven else len(frames) / self.fps
         reason = score.filter_reason(scores, duration, w, h, self.cfg.clips, self.cfg.filters)
         stretched = sum(f.stretched for f in frames)
         if damaged:
@@ -215,10 +218,10 @@ class _Splitter:
                     width=w, height=h, shot_index=len(self.shots), start_s=round(t_start, 4),
                     end_s=round(t_end, 4))
         if clip.kept:
-            # A variable rate source's frames are picked by their times, so that the clip plays at
-            # the speed it was filmed at; at the mean rate frame after frame, the stretches
-            # filmed at a higher rate played slowed down, those at a lower rate sped up.
-            picks = resample_times([f.time_s for f in frames], self.fps, self.out_fps) if self.vfr \
+            # Uneven frames are picked by their times, so that the clip plays at the speed it was
+            # filmed at; at the mean rate frame after frame, the stretches filmed at a higher rate
+            # played slowed down, those at a lower rate sped up.
+            picks = resample_times(times, self.fps, self.out_fps) if uneven \
                 else resample(len(frames), self.fps, self.out_fps)
             clip.num_frames = len(picks)
             self.encoder.submit(clip, [frames[i].frame for i in picks])
@@ -245,20 +248,17 @@ def resample(num_frames: int, fps: float, out_fps: float) -> list[int]:
     return [min(num_frames - 1, int(k * fps / out_fps + 0.5)) for k in range(count)]
 
 
-def resample_times(times: list[float], fps: float, out_fps: float) -> list[int]:
+def resample_times(times: np.ndarray, fps: float, out_fps: float) -> list[int]:
     """Indices of the frames shown at `times` (non-decreasing; `fps` frames a second on average)
     that make up the same stretch of time at a constant `out_fps`: for each output frame, the
     frame nearest its time (the later of two as near, as `resample` rounds)."""
-    step = 1.0 / out_fps
     count = max(1, round((times[-1] - times[0] + 1.0 / fps) * out_fps))
-    picks = []
-    for k in range(count):
-        t = times[0] + k * step
-        i = bisect.bisect_left(times, t)  # the first frame at or after t
-        if i == len(times) or (i > 0 and t - times[i - 1] < times[i] - t):
-            i -= 1
-        picks.append(i)
-    return picks
+    targets = times[0] + np.arange(count) / out_fps
+    after = np.searchsorted(times, targets)  # the first frame at or after each time; len(times) past the end
+    before = np.maximum(after - 1, 0)
+    after = np.minimum(after, len(times) - 1)
+    nearer_before = targets - times[before] < times[after] - targets
+    return np.where(nearer_before, before, after).tolist()
 
 
 def _source_limits(p: media.Probe, cfg) -> str | None:
@@ -296,7 +296,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
     try:
         return _split(path, p, cfg, detector,
-                      _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder, vfr=p.vfr), record)
+                      _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder), record)
     finally:
         encoder.close()
 
