@@ -225,6 +225,8 @@ def test_a_header_rate_that_the_timestamps_belie_is_not_believed(tmp_path):
     record, clips = process_source(str(path), "webm", conf.compose("curate", ["input=x", "output=y"]))
     assert record["status"] == "ok" and record["fps"] == 30 and not record["vfr"]  # as the header says
     (clip,) = [c for c in clips if c.kept]
+    # The header states no duration: the record's is the decoded one (it was 0, so no hours in).
+    assert record["duration_s"] == pytest.approx(clip.end_s, abs=0.01) and clip.end_s > 4
     # Played frame after frame at 30 fps, the clip took 4.0 s for 4.2 s filmed, and its square jumped.
     x = _square_x(clip.mp4)
     assert len(x) / 30 == pytest.approx(clip.end_s - clip.start_s, abs=1.5 / 30)

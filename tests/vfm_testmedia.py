@@ -72,9 +72,9 @@ def write_uneven_clock(path: Path, speed_px_s: float = 12.0) -> tuple[int, float
 
 
 def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
-    """VP8 WebM as a browser's MediaRecorder writes it: the header says 30 fps, but each frame comes
-    when the page could grab one, 20 to 50 ms apart (about 28.6 fps), timed in milliseconds. A red
-    square moves at `speed_px_s` in real time."""
+    """VP8 WebM as a browser's MediaRecorder writes it, live: no duration in the header, which says
+    30 fps, but each frame comes when the page could grab one, 20 to 50 ms apart (about 28.6 fps),
+    timed in milliseconds. A red square moves at `speed_px_s` in real time."""
     from fractions import Fraction
 
     import av
@@ -82,7 +82,7 @@ def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
 
     rng = np.random.default_rng(7)
     times_ms = np.cumsum(rng.integers(20, 51, 120))
-    with av.open(str(path), "w", format="webm") as c:
+    with av.open(str(path), "w", format="webm", options={"live": "1"}) as c:
         s = c.add_stream("libvpx", rate=30)
         s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
         s.codec_context.time_base = Fraction(1, 1000)

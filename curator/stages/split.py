@@ -342,6 +342,8 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - encoder.blocked_s
 
     cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
+    # As decoded, like num_frames: a header can lack a duration (a live WebM) or overstate it (a cut download).
+    record["duration_s"] = round(times[-1] + 1 / p.fps, 4)
     record.update({"status": "ok", "num_frames": n, "warning": "; ".join(warnings) or None, "shots": splitter.shots,
                    "scene_cuts": cuts, "scene_cuts_s": [round(times[c], 4) for c in cuts if c < len(times)],
                    "clips": [c.record() for c in splitter.clips],
