@@ -199,12 +199,14 @@ class _Splitter:
             middle = frames[len(frames) // 2]
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
         w, h = self.out_size
-        t_end = t_last + 1 / self.fps  # the last frame shows for a mean frame's time
         # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
         # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
         # the clip's length, and frames are picked by time; else by count.
         times = np.array([f.time_s for f in frames])
         uneven = np.abs(times - t_start - np.arange(len(frames)) / self.fps).max() >= 0.5 / self.fps
+        # The last frame shows for a frame's time: the clip's mean one where uneven (the file's mean
+        # is too long where the file has a pause in it), else the rate's.
+        t_end = t_last + ((t_last - t_start) / (len(frames) - 1) if uneven else 1 / self.fps)
         duration = t_end - t_start if uneven else len(frames) / self.fps
         reason = score.filter_reason(scores, duration, w, h, self.cfg.clips, self.cfg.filters)
         stretched = sum(f.stretched for f in frames)
@@ -221,7 +223,7 @@ class _Splitter:
             # Uneven frames are picked by their times, so that the clip plays at the speed it was
             # filmed at; at the mean rate frame after frame, the stretches filmed at a higher rate
             # played slowed down, those at a lower rate sped up.
-            picks = resample_times(times, self.fps, self.out_fps) if uneven \
+            picks = resample_times(times, t_end, self.out_fps) if uneven \
                 else resample(len(frames), self.fps, self.out_fps)
             clip.num_frames = len(picks)
             self.encoder.submit(clip, [frames[i].frame for i in picks])
@@ -248,11 +250,11 @@ def resample(num_frames: int, fps: float, out_fps: float) -> list[int]:
     return [min(num_frames - 1, int(k * fps / out_fps + 0.5)) for k in range(count)]
 
 
-def resample_times(times: np.ndarray, fps: float, out_fps: float) -> list[int]:
-    """Indices of the frames shown at `times` (non-decreasing; `fps` frames a second on average)
-    that make up the same stretch of time at a constant `out_fps`: for each output frame, the
-    frame nearest its time (the later of two as near, as `resample` rounds)."""
-    count = max(1, round((times[-1] - times[0] + 1.0 / fps) * out_fps))
+def resample_times(times: np.ndarray, end_s: float, out_fps: float) -> list[int]:
+    """Indices of the frames shown at `times` (non-decreasing) up to `end_s` that make up the same
+    stretch of time at a constant `out_fps`: for each output frame, the frame nearest its time (the
+    later of two as near, as `resample` rounds)."""
+    count = max(1, round((end_s - times[0]) * out_fps))
     targets = times[0] + np.arange(count) / out_fps
     after = np.searchsorted(times, targets)  # the first frame at or after each time; len(times) past the end
     before = np.maximum(after - 1, 0)
