@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
 from pathlib import Path
 
 import av
@@ -369,6 +370,36 @@ def test_the_sandbox_timeout_is_on_time_without_progress_so_a_long_source_is_not
             sandbox.run("vfm_testmedia:busy", 5.0, False, timeout_s=2)
         assert sandbox.run("vfm_testmedia:busy", 0.1, False, timeout_s=2) == "done"  # a new child
     finally:
+        sandbox.close()
+
+
+def test_hashing_a_big_source_on_slow_storage_is_progress_not_a_hang(tmp_path):
+    # A FIFO stands in for a big file on slow storage: 16 MiB fed over 4 s, against a 2 s timeout on
+    # time without progress (progress goes out at most once a second). Hashed in silence, it timed out.
+    import hashlib
+    import os
+    import threading
+
+    from curator.sandbox import Sandbox
+
+    fifo, data = tmp_path / "film.mov", os.urandom(16 << 20)
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as f:
+            for i in range(0, len(data), 1 << 20):
+                f.write(data[i: i + (1 << 20)])
+                f.flush()
+                time.sleep(0.25)
+
+    sandbox = Sandbox(preload="curator.stages.discover")
+    writer = threading.Thread(target=feed)
+    try:
+        writer.start()
+        digest = sandbox.run("curator.stages.discover:content_hash", str(fifo), timeout_s=2)
+        assert digest == hashlib.sha256(data).hexdigest()
+    finally:
+        writer.join()
         sandbox.close()
 
 

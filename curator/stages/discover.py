@@ -7,6 +7,8 @@ import hashlib
 import re
 from pathlib import Path
 
+from curator.sandbox import progress
+
 # What a directory is searched for, in any case (.MP4, .MTS): containers FFmpeg reads, from phones
 # (.3gp), camcorders (AVCHD .mts/.m2ts), broadcast and editing (.mxf, .vob) and the web. A glob or a
 # list file names its inputs itself, whatever their extensions (an animated .gif, say).
@@ -42,10 +44,13 @@ def discover(spec: str) -> list[str]:
 
 
 def content_hash(path: str) -> str:
+    """sha256 of the file. In a sandbox job it reports progress as it reads: a film of tens of GB
+    on network storage takes minutes to read, more than `source_timeout_s` allows a silent job."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+            progress()
     return h.hexdigest()
 
 
