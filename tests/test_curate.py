@@ -218,6 +218,12 @@ def test_clips_of_an_uneven_clock_play_at_filmed_speed_and_stop_at_a_pause(tmp_p
         assert slope == pytest.approx(12.0 / record["out_fps"], rel=0.1)
         assert np.abs(x - (slope * k + at0)).max() < 2.5
         assert len(x) / record["out_fps"] == pytest.approx(c.end_s - c.start_s, abs=1.5 / record["out_fps"])
+    # Clips are clips.max_s long on the clock. Counted as 10 frames (1 s at the mean rate), they were
+    # 1.25 s of the 8 fps stretch and 0.42 s of the 24 fps ones (dropped as shorter than min_s).
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.max_s=1", "clips.min_s=0.5"])
+    _, clips = process_source(str(path), "phone", cfg)
+    assert [c.end_s - c.start_s for c in clips] == pytest.approx([1, 1, 1, 1, 1, 0.5], abs=1e-3)
+    assert all(c.kept for c in clips)
 
 
 def test_a_header_rate_that_the_timestamps_belie_is_not_believed(tmp_path):

@@ -149,14 +149,30 @@ class _Splitter:
         self.cursor = 0  # first frame of the next clip; no trim at the very start of the stream
         self.fade_in = False  # the current shot starts out of a dark run: trim its dim frames
         self.pending: deque[media.DecodedFrame] = deque()
+        self.full_at: int | None = None  # the first frame after a full-length clip from pending[0]
 
     def push(self, frame: media.DecodedFrame, decided_upto: int) -> None:
         """Add a frame; `decided_upto`: the detector has decided every boundary at or before it."""
         if frame.index >= self.cursor:
             self.pending.append(frame)
+            if self.full_at is None and self._ends_clip(frame):
+                self.full_at = frame.index
         # A full-length clip can go once no boundary can still fall inside it or its trim.
-        while self.cursor + self.max_frames + self.trim - 1 <= decided_upto and len(self.pending) >= self.max_frames:
-            self._emit(self.cursor + self.max_frames)
+        while self.full_at is not None and self.full_at + self.trim - 1 <= decided_upto:
+            self._emit(self.full_at)
+
+    def _ends_clip(self, frame: media.DecodedFrame) -> bool:
+        """Whether the clip from the oldest pending frame is full at `frame`: `clips.max_s` on the
+        clock from its start, which at a constant rate is `max_frames` frames on (half a frame
+        early, for rounding), or a jump of the clock. Counted in frames at the mean rate, a variable
+        rate source's clips came out too long where its rate drops and too short where it rises."""
+        first = self.pending[0]
+        return frame is not first and (frame.time_s >= first.time_s + (self.max_frames - 0.5) / self.fps
+                                       or frame.index in self.timeline.break_at)
+
+    def _find_full(self) -> None:
+        """`full_at` anew, after the oldest pending frames went."""
+        self.full_at = next((f.index for f in self.pending if self._ends_clip(f)), None)
 
     def boundary(self, b: int, tail_trim: int, dark: bool = False) -> None:
         """The shot that started at `shot_start` ends before frame `b`; `dark`: at a dark run."""
@@ -169,20 +185,25 @@ class _Splitter:
         self.fade_in = dark
         while self.pending and self.pending[0].index < self.cursor:
             self.pending.popleft()
+        self._find_full()
 
     def _emit(self, end: int, fade_out: bool = False) -> None:
         frames = []
         while self.pending and self.pending[0].index < end:
             frames.append(self.pending.popleft())
+        self._find_full()
         self.cursor = end
         if self.fade_in or fade_out:
             frames = _trim_fades(frames, self.fade_in, fade_out)
         self.fade_in = False
         # A damaged stretch of the file (see media.decoded_frames) is a clip of its own, dropped,
-        # so that the undamaged frames on either side still make clips; a jump of the clock ends a clip.
+        # so that the undamaged frames on either side still make clips; a jump of the clock ends a
+        # clip; and so does `clips.max_s` of its time, which frames counted at the source's mean rate
+        # overrun where the rate drops (a phone's 8 fps stretch in a file at 24 fps on average).
         runs: list[list[media.DecodedFrame]] = []
         for f in frames:
-            if runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at:
+            if (runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at
+                    and f.time_s - runs[-1][0].time_s < self.cfg.clips.max_s):
                 runs[-1].append(f)
             else:
                 runs.append([f])
