@@ -141,7 +141,8 @@ class _Splitter:
         self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
         self.timeline = Timeline(fps)
         self.out_size, self.timings, self.encoder = out_size, timings, encoder
-        self.max_frames = max(1, round(cfg.clips.max_s * fps))
+        self.max_s = cfg.clips.max_s
+        self.max_frames = max(1, round(self.max_s * fps))
         self.trim = cfg.clips.trim_frames
         self.shots: list[list[int]] = []
         self.clips: list[Clip] = []
@@ -203,7 +204,7 @@ class _Splitter:
         runs: list[list[media.DecodedFrame]] = []
         for f in frames:
             if (runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at
-                    and f.time_s - runs[-1][0].time_s < self.cfg.clips.max_s):
+                    and f.time_s - runs[-1][0].time_s < self.max_s):
                 runs[-1].append(f)
             else:
                 runs.append([f])
