@@ -199,8 +199,8 @@ class _Splitter:
         self.fade_in = False
         # A damaged stretch of the file (see media.decoded_frames) is a clip of its own, dropped,
         # so that the undamaged frames on either side still make clips; a jump of the clock ends a
-        # clip; and so does `clips.max_s` of its time, which frames counted at the source's mean rate
-        # overrun where the rate drops (a phone's 8 fps stretch in a file at 24 fps on average).
+        # clip; and so does `clips.max_s` of time (a shot's last stretch, cut at its boundary rather
+        # than by push, can run longer at a variable rate).
         runs: list[list[media.DecodedFrame]] = []
         for f in frames:
             if (runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at
