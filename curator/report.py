@@ -97,7 +97,8 @@ def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
                 try:
                     container.seek(max(0, int((t - back) / stream.time_base)), stream=stream, backward=True)
                 except av.FFmpegError as e:
-                    raise ValueError(f"cannot seek in {source if isinstance(source, Path) else 'the clip'}: {e}") from e
+                    name = "the clip" if isinstance(source, bytes) else source
+                    raise ValueError(f"cannot seek in {name}: {e}") from e
                 frames = container.decode(stream)
                 frame = next(frames, None)
                 if (frame is not None and (frame.time is None or frame.time <= t + 1e-3)) or t - back < origin:
