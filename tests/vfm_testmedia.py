@@ -7,14 +7,14 @@ from pathlib import Path
 
 
 def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None,
-            pixel_aspect=None, gop=None, metadata=None):
-    """Write RGB frames as H.264 with PyAV; `pts` with `time_base` gives a variable frame rate;
-    `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many."""
+            pixel_aspect=None, gop=None, metadata=None, codec="libx264", container_options=None):
+    """Write RGB frames as H.264 (or `codec`) with PyAV; `pts` with `time_base` gives a variable frame
+    rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many."""
     import av
 
-    with av.open(str(path), "w") as c:
+    with av.open(str(path), "w", options=container_options or {}) as c:
         c.metadata.update(metadata or {})
-        s = c.add_stream("libx264", rate=fps)
+        s = c.add_stream(codec, rate=fps)
         s.height, s.width = frames[0].shape[:2]
         s.pix_fmt = pix_fmt
         if time_base is not None:
@@ -77,25 +77,18 @@ def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
     timed in milliseconds. A red square moves at `speed_px_s` in real time."""
     from fractions import Fraction
 
-    import av
     import numpy as np
 
     rng = np.random.default_rng(7)
     times_ms = np.cumsum(rng.integers(20, 51, 120))
-    with av.open(str(path), "w", format="webm", options={"live": "1"}) as c:
-        s = c.add_stream("libvpx", rate=30)
-        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
-        s.codec_context.time_base = Fraction(1, 1000)
-        for t in times_ms:
-            a = np.full((96, 160, 3), 128, np.uint8)
-            x = round(4 + speed_px_s * t / 1000)
-            a[40:56, x: x + 16] = (240, 20, 20)
-            f = av.VideoFrame.from_ndarray(a, format="rgb24")
-            f.pts, f.time_base = int(t), Fraction(1, 1000)
-            for p in s.encode(f):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
+    frames = []
+    for t in times_ms:
+        a = np.full((96, 160, 3), 128, np.uint8)
+        x = round(4 + speed_px_s * t / 1000)
+        a[40:56, x: x + 16] = (240, 20, 20)
+        frames.append(a)
+    _encode(path, frames, fps=30, pts=[int(t) for t in times_ms], time_base=Fraction(1, 1000), codec="libvpx",
+            container_options={"live": "1"})
 
 
 def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
