@@ -37,6 +37,9 @@ class Probe:
     rotation: int  # degrees counter-clockwise to turn decoded frames upright
     codec: str
     vfr: bool  # variable frame rate: the average rate differs from the nominal one
+    # The rate the frames come at where the stream runs steadily (see filmed_rate); `fps` when the
+    # rate is constant. Each source's clips are transcoded at it unless transcode.fps says otherwise.
+    filmed_fps: float = 0.0
     pixel_aspect: float = 1.0  # the stored pixels' width over height (DVD, DV, broadcast: not 1)
     interlaced: bool = False  # two fields a frame (DV, DVD, broadcast, 1080i camcorders)
     top_field_first: bool = True  # of an interlaced stream: which field is shown first
@@ -152,6 +155,7 @@ def probe(path: str) -> Probe:
             interlaced = bool(first.interlaced_frame) or ctx.field_order in (2, 3, 4, 5)
             if rotation in (90, 270):
                 width, height = height, width
+            vfr = bool(avg and nominal and abs(avg - nominal) / nominal > 0.01)
             return Probe(
                 fps=fps,
                 num_frames=int(stream.frames or 0),
@@ -160,7 +164,8 @@ def probe(path: str) -> Probe:
                 duration_s=duration,
                 rotation=rotation,
                 codec=ctx.name,
-                vfr=bool(avg and nominal and abs(avg - nominal) / nominal > 0.01),
+                vfr=vfr,
+                filmed_fps=filmed_rate(container, stream, fps, nominal) if vfr else fps,
                 pixel_aspect=round(float(aspect), 4),
                 interlaced=interlaced,
                 top_field_first=ctx.field_order not in (3, 4),
@@ -171,6 +176,25 @@ def probe(path: str) -> Probe:
         raise
     except (av.FFmpegError, OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
+
+
+def filmed_rate(container, stream, mean: float, nominal: float, packets: int = 500) -> float:
+    """The rate a variable frame rate stream runs at where it runs steadily, from the timestamps of
+    its next `packets` packets (demuxed, not decoded): one over the 10th percentile of the gaps
+    between frames, between the mean rate and the nominal one. The mean alone is too low wherever
+    the recording pauses (a 25 fps file with a 10 s pause in it averages 12.5 fps), and a stream
+    transcoded at it drops every other frame of its footage; the nominal rate (FFmpeg's guess from
+    the first frames) is no more than a bound, as a phone's 1/600 s clock can make it 600."""
+    try:
+        pts = [p.pts for p in itertools.islice(container.demux(stream), packets) if p.pts is not None]
+    except (av.FFmpegError, ValueError):
+        pts = []
+    gaps = np.diff(np.unique(np.array(pts, dtype=np.int64))) * float(stream.time_base or 0)
+    gaps = gaps[gaps > 0]
+    if len(gaps) < 8:
+        return mean
+    rate = 1.0 / float(np.percentile(gaps, 10))
+    return min(max(rate, mean), nominal) if nominal >= mean else max(rate, mean)
 
 
 def even_size(width: int, height: int, short_side: int) -> tuple[int, int]:

@@ -207,6 +207,11 @@ def test_clips_of_an_uneven_clock_play_at_filmed_speed_and_stop_at_a_pause(tmp_p
     assert all(c.end_frame <= resume or c.start_frame >= resume for c in clips)
     kept = [c for c in clips if c.kept]
     assert {c.start_frame >= resume for c in kept} == {False, True}
+    # Transcoded at the rate it was filmed at in the light, 24 fps, so that the 36 frames after the
+    # pause are all in their clip. At the mean rate, 9.5 fps with the pause counted in, they were 14.
+    assert record["out_fps"] == pytest.approx(24) and record["fps"] < 10
+    (after,) = [c for c in kept if c.start_frame >= resume]
+    assert (after.start_frame, after.end_frame, after.num_frames) == (resume, resume + 36, 36)
     for c in kept:
         # The square moves at one speed in time, so it moves at one speed a frame in a clip that
         # plays at the speed it was filmed. Frame by frame at the mean rate, it crawled through the

@@ -314,7 +314,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
         record["error"] = problem
         return record, []
 
-    out_fps = cfg.transcode.fps or p.fps
+    out_fps = cfg.transcode.fps or p.filmed_fps
     out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
     detector = GivenBoundaries(boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
