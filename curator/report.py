@@ -80,36 +80,93 @@ def shard_members(root: Path, keys: set[str] | None, suffixes: tuple[str, ...]) 
 # --- frames ---------------------------------------------------------------------------------------
 
 
+class _CannotSeek(Exception):
+    pass
+
+
 def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
     """RGB frames at (or just after) the given times of a video file or mp4 bytes, in seconds from
-    its start (as the manifest counts them: a .ts file's clock starts at 1.4 s or anywhere)."""
+    its start (as the manifest counts them: a .ts file's clock starts at 1.4 s or anywhere). A time
+    past the last frame's start, by less than a frame, is the last frame. A stream that cannot seek
+    (raw H.264, as some cameras and encoders write it) is decoded from its start up to each time."""
+    from curator.media import open_input
+
+    def opened():
+        return open_input(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+
+    try:
+        with opened() as container:
+            return [_frame_by_seeking(container, t) for t in times_s]
+    except _CannotSeek:
+        with opened() as container:
+            return _frames_in_order(container, times_s)
+
+
+def _frame_by_seeking(container, time_s: float) -> np.ndarray:
     import av
 
-    from curator.media import open_input, video_stream
+    from curator.media import video_stream
 
-    out = []
-    with open_input(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
-        stream = video_stream(container)
-        origin = container.start_time / av.time_base if container.start_time is not None else 0.0
-        for t in [origin + t for t in times_s]:  # on the stream's clock
-            back = 0.0
-            while True:
-                try:
-                    container.seek(max(0, int((t - back) / stream.time_base)), stream=stream, backward=True)
-                except av.FFmpegError as e:
-                    name = "the clip" if isinstance(source, bytes) else source
-                    raise ValueError(f"cannot seek in {name}: {e}") from e
-                frames = container.decode(stream)
-                frame = next(frames, None)
-                if (frame is not None and (frame.time is None or frame.time <= t + 1e-3)) or t - back < origin:
-                    break
-                # Landed past t, or at the end: an MPEG-TS file has no index to seek by. Go back further.
-                back = max(1.0, 2 * back)
-            while frame is not None and frame.time is not None and frame.time < t - 1e-3:
-                frame = next(frames, None)
-            if frame is None:
-                raise ValueError(f"no frame at {t - origin:.2f} s")
-            out.append(frame.to_ndarray(format="rgb24"))
+    stream = video_stream(container)
+    origin = container.start_time / av.time_base if container.start_time is not None else 0.0
+    t = origin + time_s  # on the stream's clock
+    back = 0.0
+    while True:
+        try:
+            container.seek(max(0, int((t - back) / stream.time_base)), stream=stream, backward=True)
+        except av.FFmpegError as e:
+            raise _CannotSeek(str(e)) from e
+        frames = container.decode(stream)
+        frame = next(frames, None)
+        if (frame is not None and (frame.time is None or frame.time <= t + 1e-3)) or t - back < origin:
+            break
+        # Landed past t, or at the end: an MPEG-TS file has no index to seek by. Go back further.
+        back = max(1.0, 2 * back)
+    shown = None  # the frame on screen at t so far
+    while frame is not None and frame.time is not None and frame.time < t - 1e-3:
+        shown, frame = frame, next(frames, None)
+    if frame is None and shown is not None and t - shown.time < _frame_s(stream):
+        frame = shown
+    if frame is None:
+        raise ValueError(f"no frame at {time_s:.2f} s")
+    return frame.to_ndarray(format="rgb24")
+
+
+def _frame_s(stream) -> float:
+    rate = float(stream.average_rate or stream.guessed_rate or 0)
+    return 1.0 / rate if rate else 0.0
+
+
+def _frames_in_order(container, times_s: list[float]) -> list[np.ndarray]:
+    """The frames at `times_s`, in one pass from the start. A frame without a timestamp (raw H.264
+    has none) is timed by its index at the stream's rate, as curation timed it."""
+    import av
+
+    from curator.media import video_stream
+
+    stream = video_stream(container)
+    step = _frame_s(stream)
+    origin = container.start_time / av.time_base if container.start_time is not None else None
+    wanted = sorted(range(len(times_s)), key=lambda i: times_s[i])
+    out: list[np.ndarray | None] = [None] * len(times_s)
+    shown, t = None, 0.0
+    for index, frame in enumerate(container.decode(stream)):
+        if frame.time is not None:
+            origin = float(frame.time) if origin is None else origin
+            t = float(frame.time) - origin
+        elif step:
+            t = index * step
+        else:
+            raise ValueError("the stream has neither timestamps nor a frame rate to find a time by")
+        while wanted and t >= times_s[wanted[0]] - 1e-3:
+            out[wanted.pop(0)] = frame.to_ndarray(format="rgb24")
+        if not wanted:
+            return out
+        shown = frame
+    while shown is not None and wanted and times_s[wanted[0]] - t < step:
+        out[wanted.pop(0)] = shown.to_ndarray(format="rgb24")
+    if wanted:
+        raise ValueError(f"no frame at {times_s[wanted[0]]:.2f} s")
     return out
 
 

@@ -142,6 +142,23 @@ def test_a_clips_seconds_find_its_frames_in_a_ts_source(tmp_path):
     assert np.array_equal(first, frames[clip.start_frame]) and np.array_equal(last, frames[clip.end_frame - 1])
 
 
+def test_a_raw_h264_source_that_cannot_seek_still_shows_a_clips_frames(tmp_path):
+    # Raw H.264, as some cameras and encoders write it, has no index to seek by and no timestamps:
+    # the report decodes it from its start, timing frames by their index as curation did. The last
+    # time, within a frame after the last frame's start, is that last frame.
+    path = tmp_path / "camera.h264"
+    _encode(path, _moving(72, 64, 96, 4))
+    record, clips = process_source(str(path), "raw", conf.compose("curate", ["input=x", "output=y"]))
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    (clip,) = clips
+    assert (clip.start_frame, clip.end_frame) == (0, 72)
+    middle_s = (clip.start_s + clip.end_s) / 2
+    got = frames_at(path, [clip.start_s, middle_s, clip.end_s - 0.01])
+    want = [frames[0], frames[round(middle_s * record["fps"])], frames[71]]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_vfm_report_refuses_a_folder_that_is_not_curated(tmp_path):
     r = subprocess.run([sys.executable, "-m", "curator.report", str(tmp_path)], cwd=REPO, capture_output=True,
                        text=True)
