@@ -116,6 +116,10 @@ class FilterConfig:
     max_aspect: float = 3.0
     ocr: bool = False
     max_text_area: float = 0.1  # fraction of the frame covered by detected text
+    # NIQE, a no-reference quality score (lower is better; blur, noise, blocking raise it), measured
+    # one frame a second at a short side of up to 480; needs scikit-video: pip install 'vfm[quality]'.
+    quality: bool = False
+    max_niqe: float | None = None  # drop clips scoring above; None keeps every score
 
 
 @dataclass

@@ -220,6 +220,7 @@ class DecodedFrame:
     stored_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, before scaling and rotation
     stretched: bool = False  # of another shape than the stream's first frame, so stretched to fit
     damaged: bool = False  # decoded from a corrupt stretch of the file (see decoded_frames)
+    luma: np.ndarray | None = None  # (H, W) uint8 for a quality score, on sampled frames only (see decode)
 
 
 def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
@@ -236,13 +237,17 @@ def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
            out_size: tuple[int, int] | None, fast: bool = False, threads: int = 0,
-           damage: Damage | None = None) -> Iterator[DecodedFrame]:
+           damage: Damage | None = None, quality_every: int = 0,
+           quality_short_side: int = 480) -> Iterator[DecodedFrame]:
     """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
     transcode frame. Sizes are (width, height) after rotation. The analysis frame is scaled from
     the transcode frame, so the full-size frame is scaled only once. `fast` skips H.264's
     deblocking filter: fine for analysis at a few dozen pixels wide, not for frames to keep.
     `threads`: decoder threads, 0 for FFmpeg's choice; 1 when other processes already use the cores.
-    `damage`, if given, counts what a damaged file cost."""
+    `damage`, if given, counts what a damaged file cost. Every `quality_every`-th frame (none for 0)
+    also comes as luma for a quality score, scaled from the decoded frame to a short side of
+    `quality_short_side` at most (never up): detail that the transcode size no longer has, and in
+    which a blurred or noisy source shows."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
@@ -258,7 +263,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # a decoder assumes of an untagged small video (decord does). BT.709 sources (HD cameras and
     # phones) and full-range ones (webcams, MJPEG) are converted: copied as they are, their
     # numbers read as BT.601 were up to 30 levels off in a channel.
-    to_out, to_small = VideoReformatter(), VideoReformatter()
+    to_out, to_small, to_luma = VideoReformatter(), VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
     with open_input(path) as container:
         stream = video_stream(container)
@@ -281,7 +286,13 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 stored = (frame.width, frame.height)
                 first_aspect = first_aspect or frame.width / frame.height
                 stretched = abs(frame.width / frame.height / first_aspect - 1) > 0.02
-                out = None
+                out, luma = None, None
+                if quality_every and index % quality_every == 0:
+                    k = min(1.0, quality_short_side / min(frame.width, frame.height))
+                    luma = to_luma.reformat(frame, width=max(1, round(frame.width * k)),
+                                            height=max(1, round(frame.height * k)), format="gray",
+                                            interpolation="AREA", threads=scale_threads).to_ndarray()  # (h, w)
+                    luma = np.ascontiguousarray(np.rot90(luma, rot // 90)) if rot else luma
                 if out_size is not None:
                     ow, oh = pre(out_size)
                     frame = out = to_out.reformat(frame, width=ow, height=oh, format="yuv420p",
@@ -299,7 +310,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     origin = float(frame.time) if origin is None else origin
                     time_s = max(0.0, float(frame.time) - origin)  # not -3e-7 from rounding
                 progress()  # for the sandbox's timeout, which is on time without progress
-                yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged)
+                yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged, luma)
                 index += 1
         except av.FFmpegError as e:
             if index == 0:

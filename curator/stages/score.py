@@ -145,6 +145,15 @@ def text_area(frame: np.ndarray, min_confidence: float = 0.5) -> tuple[float, li
     return round(min(1.0, area / (h * w)), 4), texts
 
 
+def niqe_of(lumas: list[np.ndarray]) -> float | None:
+    """A clip's NIQE quality score (see quality.py; lower is better): the mean over its sampled
+    frames, or None when it has none or they are too small to judge."""
+    from curator.stages.quality import niqe
+
+    values = [v for v in (niqe(luma) for luma in lumas) if v is not None]
+    return round(float(np.mean(values)), 3) if values else None
+
+
 def filter_reason(scores: dict, duration: float, width: int, height: int, clips_cfg, cfg) -> str | None:
     """Why a clip of `duration` seconds is dropped, or None to keep it."""
     if duration < clips_cfg.min_s:
@@ -162,6 +171,8 @@ def filter_reason(scores: dict, duration: float, width: int, height: int, clips_
         return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
     if scores["motion"] > cfg.max_motion:
         return f"too_shaky: motion {scores['motion']:.1f} > filters.max_motion={cfg.max_motion}"
+    if cfg.max_niqe is not None and scores.get("niqe") is not None and scores["niqe"] > cfg.max_niqe:
+        return f"low_quality: niqe {scores['niqe']:.1f} > filters.max_niqe={cfg.max_niqe}"
     if scores.get("text_area", 0.0) > cfg.max_text_area:
         return f"too_much_text: text_area {scores['text_area']:.3f} > filters.max_text_area={cfg.max_text_area}"
     return None

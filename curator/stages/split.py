@@ -220,6 +220,8 @@ class _Splitter:
         if self.cfg.filters.ocr:
             middle = frames[len(frames) // 2]
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
+        if self.cfg.filters.quality:
+            scores["niqe"] = score.niqe_of([f.luma for f in frames if f.luma is not None])
         w, h = self.out_size
         # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
         # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
@@ -337,8 +339,10 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     damage = media.Damage()
     t_loop = time.perf_counter()
     try:
+        # A quality score is measured on one frame a second, at more detail than the transcode size.
+        quality_every = max(1, round(p.fps)) if cfg.filters.quality else 0
         for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0,
-                                  damage=damage):
+                                  damage=damage, quality_every=quality_every):
             n = frame.index + 1
             splitter.timeline(frame)
             times.append(frame.time_s)
