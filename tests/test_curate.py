@@ -82,6 +82,22 @@ def test_shots_are_frame_accurate(curated, corpus):
             assert clip["end_frame"] <= fade["start_frame"] + 6 or clip["start_frame"] >= fade["end_frame"] - 6
 
 
+def test_detection_over_many_videos_answers_in_input_order_whatever_order_they_ran_in(corpus, bikes, tmp_path):
+    """detect_many starts the largest files first; each answer still lands at its input's place,
+    and a file that cannot be read answers with its error."""
+    from curator.stages.detect import detect_file, detect_many
+
+    root, truth, _ = corpus
+    small = str(root / "cuts.mp4")
+    missing = str(tmp_path / "missing.mp4")
+    cfg = conf.compose("curate", ["input=x", "output=y"]).detector
+    results = detect_many([small, missing, str(bikes)], cfg, workers=2)
+    assert [r["source"] for r in results] == [small, missing, str(bikes)]
+    assert results[0]["scene_cuts"] == truth["cuts.mp4"]["cuts"] == detect_file(small, cfg)["scene_cuts"]
+    assert "error" in results[1]
+    assert results[2]["scene_cuts"] == [30, 76, 137, 187, 242]
+
+
 def test_filters_drop_with_reasons(curated, corpus):
     _, truth, _ = corpus
     _, summary, records, _ = curated

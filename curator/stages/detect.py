@@ -198,16 +198,27 @@ def _detect_one(args) -> dict:
 
 
 def detect_many(paths: list[str], cfg, workers: int = 1) -> list[dict]:
-    """detect_file over many videos, `workers` at once in separate processes, results in order."""
+    """detect_file over many videos, `workers` at once in separate processes, results in order.
+    The largest files go first, so that no long video starts last while the other workers idle."""
     import concurrent.futures as cf
+    import os
 
     from omegaconf import OmegaConf
 
     if workers <= 1:
         return [_detect_one((p, cfg, 0)) for p in paths]
-    jobs = [(p, OmegaConf.to_container(cfg), 1) for p in paths]
+
+    def size(p: str) -> int:
+        try:
+            return os.path.getsize(p)
+        except OSError:  # missing or unreadable: its job reports why
+            return 0
+
+    own = OmegaConf.create(OmegaConf.to_container(cfg))  # detached from the whole config it came in
     with cf.ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_detect_one, [(p, OmegaConf.create(c), t) for p, c, t in jobs]))
+        futures = {i: pool.submit(_detect_one, (paths[i], own, 1))
+                   for i in sorted(range(len(paths)), key=lambda i: -size(paths[i]))}
+        return [futures[i].result() for i in range(len(paths))]
 
 
 if __name__ == "__main__":
