@@ -127,16 +127,23 @@ def test_a_moved_source_costs_its_dropped_thumbnails_not_the_report(curated, tmp
     assert sum(src.startswith("clips/") for src in page.images) == kept  # kept clips come from the shards
 
 
+def _curated_moving_square(path: Path):
+    """A 72-frame moving square written to `path` (its container from the suffix) and curated:
+    (the source's record, its one clip, every decoded frame as RGB)."""
+    _encode(path, _moving(72, 64, 96, 4))
+    record, clips = process_source(str(path), path.stem, conf.compose("curate", ["input=x", "output=y"]))
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    (clip,) = clips
+    return record, clip, frames
+
+
 def test_a_clips_seconds_find_its_frames_in_a_ts_source(tmp_path):
     # MPEG-TS starts its clock at 1.4 s and has no index to seek by: the manifest counts seconds from
     # the file's start (as players and `ffmpeg -ss` do), and the report's thumbnails find a clip's
     # first and last frames from them.
     path = tmp_path / "broadcast.ts"
-    _encode(path, _moving(72, 64, 96, 4))
-    record, clips = process_source(str(path), "ts", conf.compose("curate", ["input=x", "output=y"]))
-    with av.open(str(path)) as c:
-        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-    (clip,) = clips
+    record, clip, frames = _curated_moving_square(path)
     assert 0 <= clip.start_s < 0.2  # its first frame comes 2 frames in, after the B-frame delay
     first, last = frames_at(path, [clip.start_s, clip.end_s - 1.5 / record["fps"]])
     assert np.array_equal(first, frames[clip.start_frame]) and np.array_equal(last, frames[clip.end_frame - 1])
@@ -147,11 +154,7 @@ def test_a_raw_h264_source_that_cannot_seek_still_shows_a_clips_frames(tmp_path)
     # the report decodes it from its start, timing frames by their index as curation did. The last
     # time, within a frame after the last frame's start, is that last frame.
     path = tmp_path / "camera.h264"
-    _encode(path, _moving(72, 64, 96, 4))
-    record, clips = process_source(str(path), "raw", conf.compose("curate", ["input=x", "output=y"]))
-    with av.open(str(path)) as c:
-        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-    (clip,) = clips
+    record, clip, frames = _curated_moving_square(path)
     assert (clip.start_frame, clip.end_frame) == (0, 72)
     middle_s = (clip.start_s + clip.end_s) / 2
     got = frames_at(path, [clip.start_s, middle_s, clip.end_s - 0.01])
