@@ -82,7 +82,7 @@ def shard_members(root: Path, keys: set[str] | None, suffixes: tuple[str, ...]) 
 
 
 class _CannotSeek(Exception):
-    pass
+    """The container has no index to seek by (raw H.264): decode from the start instead."""
 
 
 def frames_at(source, times_s: list[float]) -> list[np.ndarray]:
