@@ -33,7 +33,9 @@ class AdaptiveDetectorConfig:
     threshold: float = 3.0  # score / mean of its neighbours above which a frame starts a shot
     min_content: float = 15.0  # and the raw score must be at least this
     window: int = 2  # neighbours on each side in that mean
-    min_shot_frames: int = 8
+    # A cut this soon after the previous one is not taken (a flash, a wipe), in seconds so that it
+    # means the same at 6 fps (an animated GIF, a timelapse) as at 120: 8 frames at 25 fps.
+    min_shot_s: float = 0.3
 
 
 @dataclass
@@ -44,7 +46,7 @@ class TransNetV2DetectorConfig:
     threshold: float = 0.5
     num_actors: int = 1
     num_gpus: float = 0.0
-    min_shot_frames: int = 8
+    min_shot_s: float = 0.3  # as for detector=adaptive
 
 
 @dataclass

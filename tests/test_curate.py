@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 import time
 from pathlib import Path
@@ -14,9 +15,10 @@ import numpy as np
 import pytest
 import webdataset as wds
 from omegaconf import OmegaConf
-from vfm_testmedia import write_bad_and_odd_inputs, write_browser_webm, write_uneven_clock
+from vfm_testmedia import _encode, write_bad_and_odd_inputs, write_browser_webm, write_uneven_clock
 
 import conf
+from curator import synth
 from curator.pipeline import _sample_meta, _work, curate
 from curator.stages.split import process_source
 from curator.writer import read_jsonl
@@ -80,6 +82,18 @@ def test_shots_are_frame_accurate(curated, corpus):
     for clip in records["fade.mp4"]["clips"]:
         if clip["kept"]:
             assert clip["end_frame"] <= fade["start_frame"] + 6 or clip["start_frame"] >= fade["end_frame"] - 6
+
+
+def test_a_short_shot_in_a_low_frame_rate_gif_is_a_shot_of_its_own(tmp_path):
+    """The shortest shot is set in seconds: at 6 fps (an animated GIF, a timelapse) a shot of one
+    second is 6 frames, which a minimum of 8 frames glued to the shot after it."""
+    segments = synth._chain(random.Random(3), [9, 6, 9])
+    path = tmp_path / "six_fps.gif"
+    _encode(path, list(synth.render(segments, 128, 96)), fps=6, pix_fmt="rgb8", codec="gif")
+    record, _ = process_source(str(path), "gif", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok", record["error"]
+    assert record["scene_cuts"] == synth.ground_truth(segments, 6, 128, 96)["cuts"] == [9, 15]
+    assert record["shots"] == [[0, 9], [9, 15], [15, 24]]
 
 
 def test_detection_over_many_videos_answers_in_input_order_whatever_order_they_ran_in(corpus, bikes, tmp_path):
@@ -352,6 +366,9 @@ def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
         curate(_cfg(media_dir, tmp_path / "o", "clips.min_s=0"))
     with pytest.raises(ValueError, match="transcode.short_side"):
         curate(_cfg(media_dir, tmp_path / "o", "transcode.short_side=99"))
+    for detector in ("adaptive", "transnetv2"):
+        with pytest.raises(ValueError, match="detector.min_shot_s"):
+            curate(_cfg(media_dir, tmp_path / "o", f"detector={detector}", "detector.min_shot_s=-0.1"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         curate(_cfg(tmp_path / "missing", tmp_path / "o"))
     assert not (tmp_path / "o").exists()

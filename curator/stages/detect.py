@@ -136,10 +136,17 @@ class FixedDetector:
         return []
 
 
+def min_shot_frames(min_shot_s: float, fps: float) -> int:
+    """A detector's `min_shot_s` in frames of a source at `fps`: at least one."""
+    if not min_shot_s >= 0:
+        raise ValueError(f"detector.min_shot_s={min_shot_s}: must be >= 0 seconds")
+    return max(1, round(min_shot_s * fps))
+
+
 def build_detector(cfg, fps: float):
     """The online detector a `detector` config group option names."""
     if cfg.name == "adaptive":
-        return AdaptiveDetector(cfg.threshold, cfg.min_content, cfg.window, cfg.min_shot_frames)
+        return AdaptiveDetector(cfg.threshold, cfg.min_content, cfg.window, min_shot_frames(cfg.min_shot_s, fps))
     if cfg.name == "fixed":
         if cfg.window_s <= 0:
             raise ValueError(f"detector.window_s={cfg.window_s}: must be > 0 seconds")

@@ -14,6 +14,7 @@ import numpy as np
 
 from curator import media
 from curator.sandbox import Sandbox, SandboxError, keepalive
+from curator.stages.detect import min_shot_frames
 
 INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
 _model = None
@@ -55,7 +56,7 @@ def detect_shots(path: str, cfg_dict: dict) -> list[int]:
         model = _load()
         with torch.no_grad():
             single, _ = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
-    return cuts_from_predictions(single.numpy(), cfg_dict["threshold"], cfg_dict["min_shot_frames"])
+    return cuts_from_predictions(single.numpy(), cfg_dict["threshold"], min_shot_frames(cfg_dict["min_shot_s"], p.fps))
 
 
 class ShotDetector:
