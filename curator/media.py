@@ -135,9 +135,12 @@ def probe(path: str) -> Probe:
                 what = "only a cover picture" if container.streams.video else "audio only or not a video"
                 raise MediaError(f"no video stream ({what})")
             ctx = stream.codec_context
-            first = next((f for f, _ in decoded_frames(container, stream, Damage())), None)
+            damage = Damage()
+            first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
             if first is None:
-                raise MediaError("no decodable video frame")
+                n = damage.skipped_packets
+                rejected = f", the decoder rejected {n} packet(s)" if n else ""
+                raise MediaError(f"no decodable video frame ({ctx.name} stream{rejected})")
             rotation = int(getattr(first, "rotation", 0) or 0) % 360
             avg, nominal = _rate(stream.average_rate), _rate(stream.base_rate or stream.guessed_rate)
             fps = avg or nominal

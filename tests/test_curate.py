@@ -62,6 +62,8 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
         if r["status"] == "error":
             assert r["error"] and len(r["error"]) > 10, name
     assert "no video stream" in records["audio_only.mp4"]["error"]
+    assert records["header_only.mp4"]["error"] == \
+        "no decodable video frame (h264 stream, the decoder rejected 1 packet(s))"
     # Its only picture is the cover: no video to curate, not a one-frame clip of the cover.
     assert records["song_with_cover.mp4"]["error"] == "no video stream (only a cover picture)"
     assert summary["inputs"] == len(records)

@@ -106,6 +106,10 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "random.mp4").write_bytes(random.Random(1).randbytes(50_000))
     (d / "not_a_video.mp4").write_text("this is not a video\n" * 100)
     (d / "truncated.mp4").write_bytes(data[: len(data) * 6 // 10])
+    # A download cut off just after the header of a web-ready mp4 (index first, then the frames).
+    _encode(d / "header_only.mp4", _moving(24, 64, 96, 13), container_options={"movflags": "+faststart"})
+    head = (d / "header_only.mp4").read_bytes()
+    (d / "header_only.mp4").write_bytes(head[: head.index(b"mdat") + 200])
     flipped = bytearray(data)
     rng = random.Random(2)
     for _ in range(40):
@@ -169,6 +173,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     assert not packets[40][1]
     (d / "damaged.mp4").write_bytes(bytes(damaged))
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
+            "header_only.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok",
