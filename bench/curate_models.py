@@ -48,7 +48,7 @@ def transnet(video: str, device: str) -> dict:
     tn._load(device)  # detect_shots uses the model loaded here
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cuts = tn.detect_shots(video, {"threshold": 0.5, "min_shot_s": 0.3})
+    cuts = tn.detect_shots(video, {"threshold": 0.5, "min_shot_s": 0.3})["cuts"]
     wall = time.perf_counter() - t0
     return {"device": str(tn._model.device), "cuts": cuts, "load_s": round(load_s, 2), "detect_s": round(wall, 3)}
 

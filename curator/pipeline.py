@@ -87,7 +87,7 @@ def validate(cfg: DictConfig) -> None:
         raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
 
 
-def _work(path: str, cfg_dict: dict, boundaries: list[int] | None = None) -> tuple[dict, list[dict], list[bytes]]:
+def _work(path: str, cfg_dict: dict, boundaries: dict | None = None) -> tuple[dict, list[dict], list[bytes]]:
     """One source, in the worker's sandbox process."""
     cfg = OmegaConf.create(cfg_dict)
     try:
@@ -119,7 +119,7 @@ class SourceWorker:
         path = row["path"]
         boundaries = json.loads(row["boundaries"]) if "boundaries" in row else None
         try:
-            if isinstance(boundaries, dict):  # the detection pass failed on this source
+            if boundaries is not None and "error" in boundaries:  # the detection pass failed on this source
                 raise SandboxError(f"shot detection: {boundaries['error']}")
             record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries,
                                                    timeout_s=self.timeout_s)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import webdataset as wds
 from omegaconf import OmegaConf
-from vfm_testmedia import _encode, write_bad_and_odd_inputs, write_browser_webm, write_uneven_clock
+from vfm_testmedia import _encode, write_bad_and_odd_inputs, write_browser_webm, write_dissolve, write_uneven_clock
 
 import conf
 from curator import synth
@@ -579,13 +579,23 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     inputs.mkdir()
     shutil.copy(bikes, inputs / "bikes.mp4")
     (inputs / "broken.mp4").write_bytes(b"\x00" * 1000)
+    blend_start, blend_end = write_dissolve(inputs / "dissolve.mp4")
     out = tmp_path / "out"
     summary = curate(_cfg(inputs, out, "detector=transnetv2"), log=lambda *_: None)
     records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
     assert records["bikes.mp4"]["scene_cuts"] == [30, 76, 137, 187, 242]
     assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
     assert records["broken.mp4"]["status"] == "error" and "shot detection" in records["broken.mp4"]["error"]
-    assert summary["kept"] >= 4
+    # The dissolve is a shot of its own, about where it is; its clip is dropped and no kept clip
+    # shows a blended frame (the model's edges may be a frame off: float sums differ by CPU).
+    dissolve = records["dissolve.mp4"]
+    (first, second, third) = dissolve["shots"]
+    assert abs(second[0] - blend_start) <= 1 and abs(second[1] - blend_end) <= 1
+    kept = [c for c in dissolve["clips"] if c["kept"]]
+    assert len(kept) == 2 and all(c["end_frame"] <= blend_start or c["start_frame"] >= blend_end for c in kept)
+    assert [c["reason"].split(":")[0] for c in dissolve["clips"] if not c["kept"]] == ["transition"]
+    assert summary["drop_reasons"]["transition"] == 1
+    assert summary["kept"] >= 6
 
 
 def test_vlm_captioner_runs_a_transformers_model_from_a_local_folder(tmp_path, synth_corpus, ray_local):

@@ -91,6 +91,24 @@ def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
             container_options={"live": "1"})
 
 
+def write_dissolve(path: Path, blend_frames: int = 12) -> tuple[int, int]:
+    """Two synthetic shots joined by a dissolve: each of `blend_frames` frames mixes the end of the
+    first with the start of the second, in steps. Returns the blended frames as [start, end)."""
+    import random
+
+    import numpy as np
+
+    from curator import synth
+
+    a, b = synth._chain(random.Random(5), [40, 40])
+    first, second = list(synth.render([a], 128, 96)), list(synth.render([b], 128, 96))
+    start = 28
+    blend = [(1 - w) * first[start + k].astype(np.float32) + w * second[k].astype(np.float32)
+             for k, w in enumerate(np.arange(1, blend_frames + 1) / (blend_frames + 1))]
+    _encode(path, first[:start] + [f.round().astype(np.uint8) for f in blend] + second[blend_frames:])
+    return start, start + blend_frames
+
+
 def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     """Broken and unusual files next to good ones; returns name -> what the curator must do
     ("error" or "ok")."""

@@ -46,6 +46,7 @@ class AdaptiveDetector:
         self.scores: list[float] = []  # content score of every frame (0 for the first)
         self.lumas: list[float] = []
         self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run
+        self.transition_starts: set[int] = set()  # shots that are a transition: none found here
         self.scene_cuts: list[int] = []
         self._prev: np.ndarray | None = None
         self._next = 1  # the next frame to decide; frame 0 starts the first shot anyway
@@ -126,6 +127,7 @@ class FixedDetector:
         self.window_frames = window_frames
         self._index = -1
         self.dark_boundaries: set[int] = set()
+        self.transition_starts: set[int] = set()
 
     def push(self, small: np.ndarray) -> list[int]:
         self._index += 1

@@ -149,6 +149,7 @@ class _Splitter:
         self.shot_start = 0
         self.cursor = 0  # first frame of the next clip; no trim at the very start of the stream
         self.fade_in = False  # the current shot starts out of a dark run: trim its dim frames
+        self.in_transition = False  # the current shot is a dissolve, fade or wipe between two shots
         self.pending: deque[media.DecodedFrame] = deque()
         self.full_at: int | None = None  # the first frame after a full-length clip from pending[0]
 
@@ -175,8 +176,9 @@ class _Splitter:
         """`full_at` anew, after the oldest pending frames went."""
         self.full_at = next((f.index for f in self.pending if self._ends_clip(f)), None)
 
-    def boundary(self, b: int, tail_trim: int, dark: bool = False) -> None:
-        """The shot that started at `shot_start` ends before frame `b`; `dark`: at a dark run."""
+    def boundary(self, b: int, tail_trim: int, dark: bool = False, transition: bool = False) -> None:
+        """The shot that started at `shot_start` ends before frame `b`; `dark`: at a dark run;
+        `transition`: the shot from `b` on is a transition."""
         end = b - tail_trim
         if end > self.cursor:
             self._emit(end, fade_out=dark)
@@ -184,6 +186,7 @@ class _Splitter:
         self.shot_start = b
         self.cursor = b + self.trim
         self.fade_in = dark
+        self.in_transition = transition
         while self.pending and self.pending[0].index < self.cursor:
             self.pending.popleft()
         self._find_full()
@@ -236,6 +239,8 @@ class _Splitter:
         stretched = sum(f.stretched for f in frames)
         if damaged:
             reason = "damaged: decoded from a corrupt stretch of the source (lost or concealed data)"
+        elif self.in_transition:
+            reason = "transition: frames of a dissolve, fade or wipe between two shots"
         elif reason is None and stretched:
             reason = (f"size_change: {stretched} of its {len(frames)} frames are of another shape than the "
                       f"source's first frame, and would be stretched")
@@ -293,9 +298,10 @@ def _source_limits(p: media.Probe, cfg) -> str | None:
     return None
 
 
-def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None = None) -> tuple[dict, list[Clip]]:
-    """Curate one source. Returns (manifest record, clips in order). `boundaries`: shot boundaries
-    from an earlier detection pass; without them the configured online detector finds them."""
+def process_source(path: str, source_id: str, cfg, boundaries: dict | None = None) -> tuple[dict, list[Clip]]:
+    """Curate one source. Returns (manifest record, clips in order). `boundaries`: the cuts and
+    transitions of an earlier detection pass (transnet.detect_shots); without them the configured
+    online detector finds the shots."""
     record = {"source": path, "source_id": source_id, "status": "error", "error": None,
               "shots": [], "clips": []}
     timings = {"probe_s": 0.0, "decode_detect_s": 0.0, "score_s": 0.0, "encode_s": 0.0}
@@ -318,7 +324,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
 
     out_fps = cfg.transcode.fps or p.filmed_fps
     out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
-    detector = GivenBoundaries(boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
+    detector = GivenBoundaries(**boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
     try:
         return _split(path, p, cfg, detector,
@@ -330,6 +336,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: list[int] | None 
 def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record: dict) -> tuple[dict, list[Clip]]:
     """The decoding pass of process_source."""
     timings, encoder = record["timings"], splitter.encoder
+    splitter.in_transition = 0 in detector.transition_starts  # a fade in from the first frame
     small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
     lookahead = getattr(detector, "window", 0)
     n = 0
@@ -352,7 +359,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
                                     f"{frame.stored_size[0]}x{frame.stored_size[1]} at frame {frame.index}")
                 size = frame.stored_size
             for b in detector.push(frame.small):
-                splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
+                splitter.boundary(b, splitter.trim, b in detector.dark_boundaries, b in detector.transition_starts)
             splitter.push(frame, frame.index - lookahead)
     except media.TruncatedStream as e:
         warnings.append(str(e))
@@ -361,7 +368,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         return record, []
     warnings += [w for w in (splitter.timeline.warning(), damage.summary()) if w]
     for b in detector.flush():
-        splitter.boundary(b, splitter.trim, b in detector.dark_boundaries)
+        splitter.boundary(b, splitter.trim, b in detector.dark_boundaries, b in detector.transition_starts)
     if n == 0:
         record["error"] = "no decodable video frame"
         return record, []

@@ -4,6 +4,11 @@ The model needs every frame at 48x27 before it can say anything, so this is a pa
 of the transcode pass: `ShotDetector` is a Ray Data actor (its own resources, `num_gpus` where a
 GPU is wanted) whose sandbox process loads the model once and, per source, decodes the small
 frames and predicts the cuts. The transcode pass then cuts at those frames (`GivenBoundaries`).
+
+The model has two heads: one marks the frame where a transition happens, the other every frame
+inside one. A hard cut is one or two frames in the second; a dissolve, a fade or a wipe is a run of
+them, and that run becomes a shot of its own whose clips are dropped (reason `transition`), so that
+no clip shows two shots blended.
 """
 
 from __future__ import annotations
@@ -43,9 +48,17 @@ def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: i
     return cuts
 
 
-def detect_shots(path: str, cfg_dict: dict) -> list[int]:
+def transitions_from_predictions(pred_all: np.ndarray, threshold: float, min_frames: int = 3) -> list[list[int]]:
+    """Gradual transitions, [start, end) each: runs of at least `min_frames` frames that the
+    all-frames head puts inside a transition. A hard cut is a run of one or two."""
+    hot = np.concatenate([[False], pred_all > threshold, [False]])
+    edges = np.flatnonzero(hot[1:] != hot[:-1])  # (2k,): starts and ends of the runs, alternating
+    return [[int(a), int(b)] for a, b in edges.reshape(-1, 2) if b - a >= min_frames]
+
+
+def detect_shots(path: str, cfg_dict: dict) -> dict:
     """Runs in the sandbox: decode at the model's size (reporting progress frame by frame),
-    predict, threshold."""
+    predict, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans}."""
     p = media.probe(path)
     frames = np.stack([f.small for f in media.decode(path, p, INPUT_SIZE, None, fast=True)])  # (T, 27, 48, 3)
     # Loading torch and the model (the first time) and the passes over the whole source report no
@@ -55,8 +68,10 @@ def detect_shots(path: str, cfg_dict: dict) -> list[int]:
 
         model = _load()
         with torch.no_grad():
-            single, _ = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
-    return cuts_from_predictions(single.numpy(), cfg_dict["threshold"], min_shot_frames(cfg_dict["min_shot_s"], p.fps))
+            single, every = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
+    threshold = cfg_dict["threshold"]
+    return {"cuts": cuts_from_predictions(single.numpy(), threshold, min_shot_frames(cfg_dict["min_shot_s"], p.fps)),
+            "transitions": transitions_from_predictions(every.numpy(), threshold)}
 
 
 class ShotDetector:
@@ -77,12 +92,18 @@ class ShotDetector:
 
 
 class GivenBoundaries:
-    """The online detector interface over boundaries found by an earlier pass."""
+    """The online detector interface over cuts and transitions found by an earlier pass: a
+    transition's first and end frames are shot boundaries (a cut inside it is not), and the shot
+    between them is a transition. `scene_cuts` are the cuts as the model placed them (it places
+    one inside most transitions as well)."""
 
-    def __init__(self, boundaries: list[int]):
-        self.pending = sorted(boundaries)
-        self.scene_cuts = list(self.pending)
+    def __init__(self, cuts: list[int], transitions: list[list[int]] = ()):
+        spans = [(a, b) for a, b in transitions]
+        kept = {c for c in cuts if not any(a <= c <= b for a, b in spans)}
+        self.pending = sorted(kept | {edge for span in spans for edge in span if edge > 0})
+        self.scene_cuts = sorted(cuts)
         self.dark_boundaries: set[int] = set()
+        self.transition_starts = {a for a, _ in spans}
         self._index = -1
 
     def push(self, small: np.ndarray) -> list[int]:
