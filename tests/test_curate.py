@@ -598,6 +598,22 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     assert summary["kept"] >= 6
 
 
+def test_given_transitions_are_shots_of_their_own_at_the_start_middle_and_end(bikes, tmp_path):
+    """The transcode pass over an earlier pass's cuts and transitions (as TransNetV2 gives them):
+    a transition from the first frame, one with a cut inside it, and one to the last frame are each
+    a shot whose clips are dropped as `transition`; every other shot is cut as given."""
+    given = {"cuts": [30, 76, 110, 137, 187, 242], "transitions": [[0, 10], [100, 120], [240, 250]]}
+    record, _ = process_source(str(bikes), "given", _cfg(tmp_path, tmp_path / "out"), given)
+    assert record["shots"] == [[0, 10], [10, 30], [30, 76], [76, 100], [100, 120], [120, 137], [137, 187],
+                               [187, 240], [240, 250]]
+    assert record["scene_cuts"] == given["cuts"]
+    for clip in record["clips"]:
+        inside = any(a <= clip["start_frame"] and clip["end_frame"] <= b for a, b in given["transitions"])
+        assert inside == (clip["reason"] or "").startswith("transition:"), clip
+    kept = [(c["start_frame"], c["end_frame"]) for c in record["clips"] if c["kept"]]
+    assert kept == [(31, 75), (138, 186), (188, 239)]
+
+
 def test_vlm_captioner_runs_a_transformers_model_from_a_local_folder(tmp_path, synth_corpus, ray_local):
     from vfm_testmedia import write_tiny_vlm
 
