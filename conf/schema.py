@@ -106,6 +106,7 @@ class TranscodeConfig:
     crf: int = 23
     preset: str = "veryfast"  # x264 speed/size trade-off: ultrafast ... veryslow
     keyframe_interval_s: float = 1.0  # loaders seek to the keyframe before a window, not to the clip's start
+    crop_black_borders: bool = True  # letterbox / pillarbox bars cropped off each clip (see score.black_borders)
 
 
 @dataclass

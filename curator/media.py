@@ -226,16 +226,36 @@ class DecodedFrame:
     luma: np.ndarray | None = None  # (H, W) uint8 for a quality score, on sampled frames only (see decode)
 
 
-def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
-    """Turn a yuv420p frame (even sizes) by the display rotation (counter-clockwise degrees), plane
-    by plane: lossless, and without the round trip through RGB."""
-    k = rotation // 90
+def _planes(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Y (h, w), U and V (h/2, w/2) planes of a yuv420p frame (even sizes)."""
     h, w = frame.height, frame.width
     packed = frame.to_ndarray()  # (h * 3/2, w): the Y plane's rows, then the U and V planes
     u, v = packed[h:].reshape(2, h // 2, w // 2)
-    planes = [np.rot90(p, k) for p in (packed[:h], u, v)]
-    out = np.concatenate([p.ravel() for p in planes]).reshape(-1, planes[0].shape[1])
-    return av.VideoFrame.from_ndarray(out, format="yuv420p")
+    return packed[:h], u, v
+
+
+def _from_planes(y: np.ndarray, u: np.ndarray, v: np.ndarray) -> av.VideoFrame:
+    packed = np.concatenate([p.ravel() for p in (y, u, v)]).reshape(-1, y.shape[1])
+    return av.VideoFrame.from_ndarray(packed, format="yuv420p")
+
+
+def luma_plane(frame: av.VideoFrame) -> np.ndarray:
+    """(h, w) uint8: the Y plane of a yuv420p frame."""
+    return _planes(frame)[0]
+
+
+def _rotate_yuv420p(frame: av.VideoFrame, rotation: int) -> av.VideoFrame:
+    """Turn a yuv420p frame (even sizes) by the display rotation (counter-clockwise degrees), plane
+    by plane: lossless, and without the round trip through RGB."""
+    return _from_planes(*(np.rot90(p, rotation // 90) for p in _planes(frame)))
+
+
+def crop_yuv420p(frame: av.VideoFrame, top: int, bottom: int, left: int, right: int) -> av.VideoFrame:
+    """A yuv420p frame without so many lines at each edge (even numbers, so chroma stays aligned)."""
+    y, u, v = _planes(frame)
+    h, w = y.shape
+    return _from_planes(y[top:h - bottom, left:w - right],
+                        *(p[top // 2:(h - bottom) // 2, left // 2:(w - right) // 2] for p in (u, v)))
 
 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],

@@ -17,10 +17,43 @@ DARK_LUMA = 12.0
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
+# Brighter than this in a channel (0..255), a pixel shows picture rather than a black bar.
+BAR_LEVEL = 24
+
+
 def frame_features(small: np.ndarray) -> tuple[np.ndarray, float]:
     """(h, w, 3) uint8 RGB -> (float32 image, mean luma)."""
     f = small.astype(np.float32)
     return f, float(f.reshape(-1, 3).mean(0) @ LUMA)
+
+
+class PictureBox:
+    """The part of a stream's analysis frames that has shown picture so far: from the first to the
+    last row, and column, in which some frame had a pixel brighter than a black bar. Letterbox and
+    pillarbox bars (three quarters of a 9:16 phone frame round a wide film) lie outside it, and a
+    frame's content score and luma are taken inside it, so that bars do not thin them out below
+    the detector's thresholds. The whole frame until some frame shows anything; it only grows, and
+    once it is the whole frame it costs nothing more."""
+
+    def __init__(self):
+        self.rows: np.ndarray | None = None  # (h,) bool: rows that have shown picture
+        self.cols: np.ndarray | None = None  # (w,)
+        self.box = (slice(None), slice(None))
+        self.whole = False
+
+    def __call__(self, small: np.ndarray) -> tuple[slice, slice]:
+        """Take in a (h, w, 3) frame; the box (rows, columns) to measure it and the frame before in."""
+        if self.whole:
+            return self.box
+        bright = small.max(-1) > BAR_LEVEL  # (h, w)
+        rows, cols = bright.any(1), bright.any(0)
+        self.rows = rows if self.rows is None else self.rows | rows
+        self.cols = cols if self.cols is None else self.cols | cols
+        if self.rows.any():
+            r, c = np.flatnonzero(self.rows), np.flatnonzero(self.cols)
+            self.box = (slice(r[0], r[-1] + 1), slice(c[0], c[-1] + 1))
+            self.whole = self.rows[[0, -1]].all() and self.cols[[0, -1]].all()
+        return self.box
 
 
 class AdaptiveDetector:
@@ -49,6 +82,7 @@ class AdaptiveDetector:
         self.transition_starts: set[int] = set()  # shots that are a transition: none found here
         self.scene_cuts: list[int] = []
         self._prev: np.ndarray | None = None
+        self._box = PictureBox()
         self._next = 1  # the next frame to decide; frame 0 starts the first shot anyway
         self._last_cut = 0
         self._dark_start: int | None = None
@@ -97,11 +131,12 @@ class AdaptiveDetector:
             self._last_cut = i
 
     def push(self, small: np.ndarray) -> list[int]:
-        f, luma = frame_features(small)
+        box = self._box(small)
+        f, luma = frame_features(small[box])
         i = len(self.scores)
-        self.scores.append(0.0 if self._prev is None else float(np.abs(f - self._prev).mean()))
+        self.scores.append(0.0 if self._prev is None else float(np.abs(f - self._prev[box]).mean()))
         self.lumas.append(luma)
-        self._prev = f
+        self._prev = small  # uint8: the next frame's box can be larger
         out: list[int] = []
         dark = luma < self.dark_luma
         if dark != (self._dark_start is not None) and (i > 0 or dark):

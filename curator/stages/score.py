@@ -122,6 +122,41 @@ def measure(small: np.ndarray) -> dict:
     }
 
 
+# Black borders: letterbox bars (a wide film in a 16:9 or 9:16 frame), pillarbox bars (4:3 in
+# 16:9, a phone's portrait video in a landscape one), or both. Measured on the transcode frames'
+# luma (16 is black, 235 white) and cropped off the clip, which a model would learn to draw.
+BORDER_LUMA = 40  # brighter than this, a pixel is picture (bars are 16, or up to 30 where a
+                  # full-range black was stored as limited range, give or take noise)
+BORDER_SPECKS = 0.02  # a line with up to this fraction of brighter pixels is still a bar (noise, dust)
+MIN_BORDER = 0.01  # of the frame's height or width: thinner edges are left as they are
+MIN_PICTURE = 0.2  # of the frame's height or width: what the bars leave at least, or they are no bars
+UNEVEN_BORDERS = 0.2  # bars of a pair differ by at most this fraction of the wider (and 2 lines)
+
+
+def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right): lines to crop off a clip for black bars, from the luma (H, W)
+    of some of its frames, even numbers (for yuv420p); zeros where it has none. A line is a bar
+    where it is black in every frame given, counted in from the edge. Bars come in pairs (top and
+    bottom, left and right) of about the same width, as a picture is centred in its frame: a dark
+    sky, floor or screen at one edge is picture, and so is a dark band wider at one edge than at
+    the other. One more line goes with each bar, rounded up to even: the line that the downscale
+    blended of bar and picture."""
+    bright = np.stack(lumas) > BORDER_LUMA  # (T, H, W)
+    _, h, w = bright.shape
+    rows = (bright.mean(2) <= BORDER_SPECKS).all(0)  # (H,): black in every frame
+    cols = (bright.mean(1) <= BORDER_SPECKS).all(0)  # (W,)
+
+    def pair(black: np.ndarray) -> tuple[int, int]:
+        n = len(black)
+        a, b = int(np.argmin(black)), int(np.argmin(black[::-1]))  # black lines in from each edge
+        if black.all() or min(a, b) < max(1, MIN_BORDER * n) or abs(a - b) > max(2, UNEVEN_BORDERS * max(a, b)):
+            return 0, 0
+        a, b = (a + 2) // 2 * 2, (b + 2) // 2 * 2  # the blended line too, and even
+        return (a, b) if n - a - b >= MIN_PICTURE * n else (0, 0)
+
+    return (*pair(rows), *pair(cols))
+
+
 _ocr_engine = None
 
 

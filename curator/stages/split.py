@@ -19,6 +19,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import av
 import numpy as np
 
 from curator import media
@@ -218,14 +219,15 @@ class _Splitter:
         start, end = frames[0].index, frames[-1].index + 1
         t_start, t_last = frames[0].time_s, frames[-1].time_s  # on the Timeline
         t0 = time.perf_counter()
-        small = np.stack([f.small for f in frames])
-        scores = score.measure(small)
+        crop = _Crop.of(frames, self.out_size) if self.cfg.transcode.crop_black_borders else _Crop(None, self.out_size)
+        small = crop(np.stack([f.small for f in frames]), 1)  # (T, h, w, 3): the picture, without bars
+        scores = {**score.measure(small), **crop.scores()}
+        w, h = crop.width, crop.height
         if self.cfg.filters.ocr:
-            middle = frames[len(frames) // 2]
-            scores["text_area"], scores["ocr_text"] = score.text_area(middle.frame.to_ndarray(format="rgb24"))
+            middle = crop.frame(frames[len(frames) // 2].frame)
+            scores["text_area"], scores["ocr_text"] = score.text_area(middle.to_ndarray(format="rgb24"))
         if self.cfg.filters.quality:
-            scores["niqe"] = score.niqe_of([f.luma for f in frames if f.luma is not None])
-        w, h = self.out_size
+            scores["niqe"] = score.niqe_of([crop(f.luma, 0) for f in frames if f.luma is not None])
         # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
         # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
         # the clip's length, and frames are picked by time; else by count.
@@ -255,8 +257,52 @@ class _Splitter:
             picks = resample_times(times, t_end, self.out_fps) if uneven \
                 else resample(len(frames), self.fps, self.out_fps)
             clip.num_frames = len(picks)
-            self.encoder.submit(clip, [frames[i].frame for i in picks])
+            self.encoder.submit(clip, [crop.frame(frames[i].frame) for i in picks])
         self.clips.append(clip)
+
+
+BORDER_SAMPLES = 8  # frames of a clip, evenly spread, in which its black borders are looked for
+
+
+class _Crop:
+    """A clip's black borders (top, bottom, left, right; None when not looked for), in lines of its
+    transcode frames of `size` (w, h): cut off those frames and, scaled, off its frames at other
+    sizes. Scaled, a border is rounded up, so that no bar is left in the analysis frames to darken
+    the clip's scores."""
+
+    def __init__(self, borders: tuple[int, int, int, int] | None, size: tuple[int, int]):
+        self.borders, self.size = borders, size
+        top, bottom, left, right = borders or (0, 0, 0, 0)
+        self.any = any(borders or ())
+        self.width, self.height = size[0] - left - right, size[1] - top - bottom
+
+    @classmethod
+    def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int]) -> _Crop:
+        sampled = frames[::max(1, len(frames) // BORDER_SAMPLES)] + frames[-1:]
+        return cls(score.black_borders([media.luma_plane(f.frame) for f in sampled]), size)
+
+    def scores(self) -> dict:
+        if self.borders is None:
+            return {}
+        area = 1 - self.width * self.height / (self.size[0] * self.size[1])
+        return {"black_borders": list(self.borders), "border_area": round(area, 4)}
+
+    def __call__(self, a: np.ndarray | None, axis: int) -> np.ndarray | None:
+        """`a` with its axes `axis` (height) and `axis + 1` (width) cropped."""
+        if a is None or not self.any:
+            return a
+        cut = [slice(None)] * a.ndim
+        for k, (first, last, full) in enumerate(((*self.borders[:2], self.size[1]), (*self.borders[2:], self.size[0]))):
+            n = a.shape[axis + k]
+            lo, hi = -(-first * n // full), -(-last * n // full)  # rounded up
+            if n - lo - hi < 1:
+                lo, hi = first * n // full, last * n // full
+            cut[axis + k] = slice(lo, n - hi)
+        return a[tuple(cut)]
+
+    def frame(self, frame: av.VideoFrame) -> av.VideoFrame:
+        """A transcode frame, cropped."""
+        return media.crop_yuv420p(frame, *self.borders) if self.any else frame
 
 
 def _trim_fades(frames: list[media.DecodedFrame], head: bool, tail: bool) -> list[media.DecodedFrame]:

@@ -1,0 +1,125 @@
+"""Black bars round the picture (a wide film letterboxed in 16:9 or in a 9:16 phone frame, 4:3 in a
+16:9 frame): made of real footage (bikes.mp4) padded as such sources are, cropped off every clip,
+measured and cut without them, and not mistaken in footage that has none."""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+import pytest
+from vfm_testmedia import _encode
+
+import conf
+from curator.stages.score import black_borders
+from curator.stages.split import process_source
+
+FRAMES = 100  # bikes' first 100 frames: cuts at 30 and 76
+SHOTS = [[0, 30], [30, 76], [76, 100]]
+
+
+def bikes_frames(bikes, width: int, height: int) -> list[np.ndarray]:
+    """(height, width, 3) RGB frames of bikes.mp4."""
+    with av.open(str(bikes)) as c:
+        return [f.reformat(width=width, height=height, format="rgb24").to_ndarray()
+                for f, _ in zip(c.decode(video=0), range(FRAMES), strict=False)]
+
+
+def _cfg(*overrides):
+    return conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", *overrides])
+
+
+def _decoded(clip) -> np.ndarray:
+    with av.open(io.BytesIO(clip.mp4)) as c:
+        return np.stack([f.to_ndarray(format="gray") for f in c.decode(video=0)]).astype(np.float32)  # (T, H, W)
+
+
+# name: (picture size, frame size, picture's top-left corner in the frame)
+PADDED = {
+    "letterbox 2.35:1 in 16:9": ((640, 272), (640, 360), (0, 44)),
+    "letterbox in a 9:16 phone frame": ((320, 136), (320, 568), (0, 216)),
+    "pillarbox 1:1 in 16:9": ((272, 272), (480, 272), (104, 0)),
+    "windowbox": ((320, 136), (480, 270), (80, 67)),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(bikes, tmp_path_factory):
+    """bikes.mp4's first frames at each picture size, without bars, curated: the reference."""
+    out = {}
+    for size in {p for p, _, _ in PADDED.values()}:
+        path = tmp_path_factory.mktemp("plain") / "plain.mp4"
+        _encode(path, bikes_frames(bikes, *size), fps=25)
+        out[size] = process_source(str(path), "plain", _cfg())
+    return out
+
+
+@pytest.mark.parametrize("name", PADDED)
+def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_them(name, bikes, plain, tmp_path):
+    (pw, ph), (fw, fh), (x, y) = PADDED[name]
+    frames = []
+    for picture in bikes_frames(bikes, pw, ph):
+        a = np.zeros((fh, fw, 3), np.uint8)  # black: luma 16 once stored as limited-range yuv420p
+        a[y:y + ph, x:x + pw] = picture
+        frames.append(a)
+    path = tmp_path / "padded.mp4"
+    _encode(path, frames, fps=25)
+
+    record, clips = process_source(str(path), "padded", _cfg())
+    # The bars of the phone frame are three quarters of it: measured over the whole frame, every
+    # cut's colour difference fell under detector.min_content, and the three shots came out as one.
+    assert record["shots"] == SHOTS
+    plain_record, plain_clips = plain[(pw, ph)]
+    assert plain_record["shots"] == SHOTS
+    assert all(c.scores["black_borders"] == [0, 0, 0, 0] for c in plain_clips)  # footage without bars
+
+    scale = record["out_width"] / fw  # frame to transcode size
+    kept = [c for c in clips if c.kept]
+    assert [(c.start_frame, c.end_frame) for c in kept] == [(c.start_frame, c.end_frame) for c in plain_clips if c.kept]
+    for clip, ref in zip(kept, [c for c in plain_clips if c.kept], strict=True):
+        top, bottom, left, right = clip.scores["black_borders"]
+        assert (clip.width, clip.height) == (record["out_width"] - left - right, record["out_height"] - top - bottom)
+        # All of the bars go, and at most the line blended of bar and picture (and one for even sizes) with them.
+        for got, want in ((clip.width, pw * scale), (clip.height, ph * scale)):
+            assert want - 5 <= got <= want + 0.5, (clip.width, clip.height, pw * scale, ph * scale)
+        video = _decoded(clip)
+        assert video.shape[1:] == (clip.height, clip.width)
+        edges = [video[:, 0].mean(), video[:, -1].mean(), video[:, :, 0].mean(), video[:, :, -1].mean()]
+        assert min(edges) > 40, edges  # a bar's line is 16
+        # Measured on the picture alone: as bright as the same frames without bars.
+        assert abs(clip.scores["brightness"] - ref.scores["brightness"]) < 3, (clip.scores, ref.scores)
+        area = 1 - clip.width * clip.height / (record["out_width"] * record["out_height"])
+        assert clip.scores["border_area"] == pytest.approx(area, abs=1e-4)
+
+    _, uncropped = process_source(str(path), "padded", _cfg("transcode.crop_black_borders=false"))
+    assert {(c.width, c.height) for c in uncropped} == {(record["out_width"], record["out_height"])}
+    assert all("black_borders" not in c.scores for c in uncropped)
+
+
+def test_dark_edges_that_are_picture_are_not_cropped(bikes):
+    """Luma planes of real frames with dark bands that bars do not make."""
+    pictures = [a[..., 0] // 2 + 60 for a in bikes_frames(bikes, 320, 136)[::10]]  # (136, 320), all above black
+
+    def framed(top, bottom, left=0, right=0, fill=16):
+        out = []
+        for p in pictures:
+            a = np.full((136 + top + bottom, 320 + left + right), fill, np.uint8)
+            a[top:top + 136, left:left + 320] = p
+            out.append(a)
+        return out
+
+    assert black_borders(framed(24, 24)) == (26, 26, 0, 0)  # a letterbox: each bar, and the blended line
+    assert black_borders(framed(0, 0, 30, 31)) == (0, 0, 32, 32)
+    assert black_borders(framed(24, 24, fill=30)) == (26, 26, 0, 0)  # full-range black stored as limited
+    assert black_borders(framed(40, 0)) == (0, 0, 0, 0)  # a dark sky above, nothing below: picture
+    assert black_borders(framed(40, 10)) == (0, 0, 0, 0)  # dark bands of unlike widths: picture
+    assert black_borders(framed(1, 1)) == (0, 0, 0, 0)  # under 1% of the height: left as it is
+    assert black_borders([np.full((180, 320), 16, np.uint8)] * 3) == (0, 0, 0, 0)  # a black frame has no picture
+    # A subtitle shown in the bottom bar in one of the frames: the lines it is on are picture there,
+    # so the bars left are of unlike widths, and nothing is cropped rather than cutting the text.
+    frames = framed(40, 40)
+    frames[3][190:200, 100:220] = 235
+    assert black_borders(frames) == (0, 0, 0, 0)
+    # The picture between bars is at least a fifth of the frame, or they are no bars.
+    assert black_borders([np.pad(p[60:76], ((40, 40), (0, 0)), constant_values=16) for p in pictures]) == (0, 0, 0, 0)
