@@ -261,7 +261,7 @@ class _Splitter:
         self.clips.append(clip)
 
 
-BORDER_SAMPLES = 8  # frames of a clip, evenly spread, in which its black borders are looked for
+BORDER_SAMPLES = 8  # frames of a clip, evenly spread from its first to its last, to look for black borders in
 
 
 class _Crop:
@@ -278,8 +278,8 @@ class _Crop:
 
     @classmethod
     def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int]) -> _Crop:
-        sampled = frames[::max(1, len(frames) // BORDER_SAMPLES)] + frames[-1:]
-        return cls(score.black_borders([media.luma_plane(f.frame) for f in sampled]), size)
+        picks = np.linspace(0, len(frames) - 1, min(len(frames), BORDER_SAMPLES)).round().astype(int)
+        return cls(score.black_borders([media.luma_plane(frames[i].frame) for i in picks]), size)
 
     def scores(self) -> dict:
         if self.borders is None:
