@@ -142,7 +142,6 @@ def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
     the other. One more line goes with each bar, rounded up to even: the line that the downscale
     blended of bar and picture."""
     bright = np.stack(lumas) > BORDER_LUMA  # (T, H, W)
-    _, h, w = bright.shape
     rows = (bright.mean(2) <= BORDER_SPECKS).all(0)  # (H,): black in every frame
     cols = (bright.mean(1) <= BORDER_SPECKS).all(0)  # (W,)
 
