@@ -95,13 +95,34 @@ class Damage:
         return f"damaged stream: {', '.join(parts)}" if parts else None
 
 
+def packets(container, stream) -> Iterator[av.Packet]:
+    """`container.demux(stream)`, to its end also where the demuxer added streams while reading
+    (MPEG-TS files whose tables announce another programme further on: joined recordings, damaged
+    ones). PyAV's demux then fails with an IndexError after the last packet, its flush of `stream`
+    included, has come out: its list of streams has only those known at open. That is the end of
+    the stream, not an error."""
+    demuxed = container.demux(stream)
+    flushed = False  # the last packet was the empty one that drains the decoder
+    while True:
+        try:
+            packet = next(demuxed)
+        except StopIteration:
+            return
+        except IndexError:
+            if flushed:
+                return
+            raise
+        flushed = packet.size == 0
+        yield packet
+
+
 def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.VideoFrame, bool]]:
     """(frame, damaged) for every frame of `stream`, in presentation order. A packet the decoder
     rejects is stepped over, as FFmpeg's own tools do, rather than ending the stream there: a
     bit flip an hour into a file then costs a few seconds of it, not the rest. The frames the
     decoder says it concealed errors in, and those after a lost or concealed one up to the next
     intra frame (they are predicted from it), are marked damaged: they hold smears and blocks."""
-    for packet in container.demux(stream):
+    for packet in packets(container, stream):
         try:
             frames = packet.decode()
         except av.InvalidDataError:
@@ -177,19 +198,28 @@ def probe(path: str) -> Probe:
             )
     except MediaError:
         raise
-    except (av.FFmpegError, OSError, StopIteration, ValueError) as e:
+    except av.FFmpegError as e:
+        raise MediaError(f"cannot read video: {ffmpeg_message(e, path)}") from e
+    except (OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
 
 
-def filmed_rate(container, stream, mean: float, nominal: float, packets: int = 500) -> float:
+def ffmpeg_message(e: av.FFmpegError, path: str) -> str:
+    """FFmpeg's words for an error, without its error number and the path the record already
+    names: "Invalid data found when processing input", or with the call that failed."""
+    where = f" ({e.filename})" if e.filename and e.filename != path else ""
+    return f"{e.strerror or e}{where}"
+
+
+def filmed_rate(container, stream, mean: float, nominal: float, count: int = 500) -> float:
     """The rate a variable frame rate stream runs at where it runs steadily, from the timestamps of
-    its next `packets` packets (demuxed, not decoded): one over the 10th percentile of the gaps
+    its next `count` packets (demuxed, not decoded): one over the 10th percentile of the gaps
     between frames, between the mean rate and the nominal one. The mean alone is too low wherever
     the recording pauses (a 25 fps file with a 10 s pause in it averages 12.5 fps), and a stream
     transcoded at it drops every other frame of its footage; the nominal rate (FFmpeg's guess from
     the first frames) is no more than a bound, as a phone's 1/600 s clock can make it 600."""
     try:
-        pts = [p.pts for p in itertools.islice(container.demux(stream), packets) if p.pts is not None]
+        pts = [p.pts for p in itertools.islice(packets(container, stream), count) if p.pts is not None]
     except (av.FFmpegError, ValueError):
         pts = []
     gaps = np.diff(np.unique(np.array(pts, dtype=np.int64))) * float(stream.time_base or 0)
@@ -337,9 +367,9 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 index += 1
         except av.FFmpegError as e:
             if index == 0:
-                raise MediaError(f"cannot decode video: {e}") from e
+                raise MediaError(f"cannot decode video: {ffmpeg_message(e, path)}") from e
             # A stream that breaks part-way keeps the frames before the damage; the record says so.
-            raise TruncatedStream(index, str(e)) from e
+            raise TruncatedStream(index, ffmpeg_message(e, path)) from e
 
 
 def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, str]]:

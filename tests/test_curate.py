@@ -61,7 +61,10 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
             assert r["status"] == want, (name, r["error"])
         if r["status"] == "error":
             assert r["error"] and len(r["error"]) > 10, name
+            # FFmpeg's words, without its error number or the path the record names already
+            assert "Errno" not in r["error"] and r["source"] not in r["error"], r["error"]
     assert "no video stream" in records["audio_only.mp4"]["error"]
+    assert records["random.mp4"]["error"] == "cannot read video: Invalid data found when processing input"
     assert records["header_only.mp4"]["error"] == \
         "no decodable video frame (h264 stream, the decoder rejected 1 packet(s))"
     # Its only picture is the cover: no video to curate, not a one-frame clip of the cover.
@@ -216,6 +219,16 @@ def test_rotated_vfr_and_odd_sources_come_out_right(curated):
     with av.open(io.BytesIO(sample["mp4"])) as c:
         st = c.streams.video[0]
         assert (st.width, st.height) == (144, 64) and st.sample_aspect_ratio in (None, 0, 1)
+
+
+def test_a_programme_that_appears_part_way_through_a_ts_leaves_the_first_one_whole(curated):
+    # PyAV's demux fails with an IndexError at the end of such a file, after the last packet: the
+    # whole source was an error record, its good frames lost.
+    _, _, records, samples = curated
+    joined = records["joined_programmes.ts"]
+    assert (joined["status"], joined["error"], joined["num_frames"]) == ("ok", None, 48)
+    (sample,) = [s for s in samples if json.loads(s["json"])["source"].endswith("joined_programmes.ts")]
+    assert json.loads(sample["json"])["num_frames"] == 48
 
 
 def _square_x(mp4: bytes) -> np.ndarray:

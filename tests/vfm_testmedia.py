@@ -175,6 +175,14 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "size_change.ts").write_bytes((d / "segment0.ts").read_bytes() + (d / "segment1.ts").read_bytes())
     for i in range(2):
         (d / f"segment{i}.ts").unlink()
+    # Two recordings joined, the second a programme of its own (another service and stream ids, as
+    # a broadcast .ts recorded across a programme change): its stream appears only as it is read.
+    _encode(d / "programme1.ts", _moving(48, 64, 96, 14))
+    _encode(d / "programme2.ts", _moving(24, 64, 96, 15),
+            container_options={"mpegts_service_id": "2", "mpegts_pmt_start_pid": "0x1500", "mpegts_start_pid": "0x300"})
+    (d / "joined_programmes.ts").write_bytes((d / "programme1.ts").read_bytes() + (d / "programme2.ts").read_bytes())
+    for i in (1, 2):
+        (d / f"programme{i}.ts").unlink()
     # A title tag in Latin-1, not UTF-8, as older AVI and camera files have: written as "café"
     # in UTF-8, then its two bytes for "é" swapped for Latin-1's one and a space.
     _encode(d / "latin1_title.mp4", _moving(48, 64, 96, 12), metadata={"title": "café au lait"})
@@ -195,6 +203,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok",
+            "joined_programmes.ts": "ok",
             "damaged.mp4": "ok", "latin1_title.mp4": "ok"}
 
 
