@@ -157,7 +157,15 @@ def probe(path: str) -> Probe:
                 raise MediaError(f"no video stream ({what})")
             ctx = stream.codec_context
             damage = Damage()
-            first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
+            try:
+                first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
+            except av.InvalidDataError:
+                if damage.bad_run < Damage.MAX_BAD_RUN:
+                    raise
+                # Rejected packets from the start, as many as decoded_frames allows in a row: a stream
+                # cut from the middle of another, without the parameter sets its frames refer to.
+                raise MediaError(f"no decodable video frame ({ctx.name} stream, the decoder rejected its "
+                                 f"first {damage.bad_run} packets)") from None
             if first is None:
                 n = damage.skipped_packets
                 rejected = f", the decoder rejected {n} packet(s)" if n else ""

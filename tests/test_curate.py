@@ -65,6 +65,8 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
             assert "Errno" not in r["error"] and r["source"] not in r["error"], r["error"]
     assert "no video stream" in records["audio_only.mp4"]["error"]
     assert records["random.mp4"]["error"] == "cannot read video: Invalid data found when processing input"
+    assert records["cut_from_middle.ts"]["error"] == \
+        "no decodable video frame (h264 stream, the decoder rejected its first 100 packets)"
     assert records["header_only.mp4"]["error"] == \
         "no decodable video frame (h264 stream, the decoder rejected 1 packet(s))"
     # Its only picture is the cover: no video to curate, not a one-frame clip of the cover.

@@ -183,6 +183,12 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "joined_programmes.ts").write_bytes((d / "programme1.ts").read_bytes() + (d / "programme2.ts").read_bytes())
     for i in (1, 2):
         (d / f"programme{i}.ts").unlink()
+    # A stream cut out of the middle of a recording, past its one key frame and the parameter sets
+    # that came with it (at the 188-byte packet boundary of an MPEG-TS): no frame of it decodes.
+    _encode(d / "whole.ts", _moving(200, 64, 96, 16))
+    whole = (d / "whole.ts").read_bytes()
+    (d / "cut_from_middle.ts").write_bytes(whole[len(whole) // 3 // 188 * 188:])
+    (d / "whole.ts").unlink()
     # A title tag in Latin-1, not UTF-8, as older AVI and camera files have: written as "café"
     # in UTF-8, then its two bytes for "é" swapped for Latin-1's one and a space.
     _encode(d / "latin1_title.mp4", _moving(48, 64, 96, 12), metadata={"title": "café au lait"})
@@ -203,7 +209,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok",
-            "joined_programmes.ts": "ok",
+            "joined_programmes.ts": "ok", "cut_from_middle.ts": "error",
             "damaged.mp4": "ok", "latin1_title.mp4": "ok"}
 
 
