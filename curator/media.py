@@ -78,12 +78,13 @@ def video_stream(container) -> av.VideoStream | None:
 class Damage:
     """What a damaged file cost while it was decoded (a bit-flipped or badly cut download)."""
 
-    MAX_BAD_RUN = 100  # packets rejected in a row: the stream is broken from there on
+    MAX_BAD_RUN = 100  # packets rejected in a row after a rejected key frame: the stream is broken from there on
 
     def __init__(self):
         self.skipped_packets = 0  # rejected by the decoder, and stepped over
         self.damaged_frames = 0  # decoded from a corrupt stretch (see decoded_frames)
         self.bad_run = 0
+        self.key_at: int | None = None  # the place in this run of its first rejected key frame
         self.since_key = False  # a frame was lost or concealed since the last intra frame
 
     def summary(self) -> str | None:
@@ -128,11 +129,17 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
         except av.InvalidDataError:
             damage.skipped_packets += 1
             damage.bad_run += 1
+            if packet.is_keyframe and damage.key_at is None:
+                damage.key_at = damage.bad_run
             damage.since_key = True
-            if damage.bad_run >= Damage.MAX_BAD_RUN:
+            # A run is given up only a while after a key frame failed too: a stream cut from the
+            # middle of a long group of pictures (a recording started part-way) is rejected packet
+            # after packet until its next key frame brings the parameter sets the decoder lacks.
+            # (A threaded decoder reports a packet's error with a later packet's.)
+            if damage.key_at is not None and damage.bad_run - damage.key_at >= Damage.MAX_BAD_RUN:
                 raise
             continue
-        damage.bad_run = 0
+        damage.bad_run, damage.key_at = 0, None
         for frame in frames:
             if frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
                 damage.since_key = False  # predicted from nothing before it
@@ -160,12 +167,13 @@ def probe(path: str) -> Probe:
             try:
                 first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
             except av.InvalidDataError:
-                if damage.bad_run < Damage.MAX_BAD_RUN:
+                if damage.key_at is None:
                     raise
-                # Rejected packets from the start, as many as decoded_frames allows in a row: a stream
-                # cut from the middle of another, without the parameter sets its frames refer to.
+                # Rejected packets from the start, as many as decoded_frames allows in a row, key
+                # frames among them: a stream without the parameter sets its frames refer to, or
+                # not of the codec its container says.
                 raise MediaError(f"no decodable video frame ({ctx.name} stream, the decoder rejected its "
-                                 f"first {damage.bad_run} packets)") from None
+                                 f"first {damage.bad_run} packets, key frames among them)") from None
             if first is None:
                 n = damage.skipped_packets
                 rejected = f", the decoder rejected {n} packet(s)" if n else ""

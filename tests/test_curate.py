@@ -65,8 +65,9 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
             assert "Errno" not in r["error"] and r["source"] not in r["error"], r["error"]
     assert "no video stream" in records["audio_only.mp4"]["error"]
     assert records["random.mp4"]["error"] == "cannot read video: Invalid data found when processing input"
-    assert records["cut_from_middle.ts"]["error"] == \
-        "no decodable video frame (h264 stream, the decoder rejected its first 100 packets)"
+    assert records["no_parameter_sets.h264"]["error"].startswith(
+        "no decodable video frame (h264 stream, the decoder rejected its first 1")
+    assert records["no_parameter_sets.h264"]["error"].endswith(" packets, key frames among them)")
     assert records["header_only.mp4"]["error"] == \
         "no decodable video frame (h264 stream, the decoder rejected 1 packet(s))"
     # Its only picture is the cover: no video to curate, not a one-frame clip of the cover.
@@ -231,6 +232,15 @@ def test_a_programme_that_appears_part_way_through_a_ts_leaves_the_first_one_who
     assert (joined["status"], joined["error"], joined["num_frames"]) == ("ok", None, 48)
     (sample,) = [s for s in samples if json.loads(s["json"])["source"].endswith("joined_programmes.ts")]
     assert json.loads(sample["json"])["num_frames"] == 48
+
+
+def test_a_recording_started_part_way_through_a_group_of_pictures_decodes_from_its_next_key_frame(curated):
+    # 280 packets rejected in a row before the key frame: more than a damaged stretch may be.
+    _, _, records, _ = curated
+    started = records["started_mid_gop.ts"]
+    assert (started["status"], started["num_frames"]) == ("ok", 120)
+    assert started["warning"] == "damaged stream: 280 packets could not be decoded and were skipped"
+    assert [c["kept"] for c in started["clips"]] == [True]
 
 
 def _square_x(mp4: bytes) -> np.ndarray:

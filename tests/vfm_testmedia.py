@@ -183,11 +183,20 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "joined_programmes.ts").write_bytes((d / "programme1.ts").read_bytes() + (d / "programme2.ts").read_bytes())
     for i in (1, 2):
         (d / f"programme{i}.ts").unlink()
-    # A stream cut out of the middle of a recording, past its one key frame and the parameter sets
-    # that came with it (at the 188-byte packet boundary of an MPEG-TS): no frame of it decodes.
-    _encode(d / "whole.ts", _moving(200, 64, 96, 16))
-    whole = (d / "whole.ts").read_bytes()
-    (d / "cut_from_middle.ts").write_bytes(whole[len(whole) // 3 // 188 * 188:])
+    # A recording started part-way through a long group of pictures (key frames 300 frames apart),
+    # cut at an MPEG-TS packet boundary: the decoder lacks the parameter sets until the key frame at
+    # 300, and rejects the 280 packets before it; the 120 frames from there on decode.
+    _encode(d / "whole.ts", _moving(420, 64, 96, 17), gop=300)
+    with av.open(str(d / "whole.ts")) as c:
+        twentieth = [p.pos for p in c.demux(video=0) if p.size][20]
+    (d / "started_mid_gop.ts").write_bytes((d / "whole.ts").read_bytes()[twentieth // 188 * 188:])
+    # The same kind of stream with its parameter sets taken out everywhere (NAL units 7 and 8 of a
+    # raw H.264 stream): key frames and all are rejected.
+    with av.open(str(d / "whole.ts")) as c:
+        annexb = b"".join(bytes(p) for p in c.demux(video=0) if p.size)
+    nals = annexb.split(b"\x00\x00\x01")
+    (d / "no_parameter_sets.h264").write_bytes(b"\x00\x00\x01".join(
+        n for k, n in enumerate(nals) if k == 0 or n[0] & 0x1F not in (7, 8)))
     (d / "whole.ts").unlink()
     # A title tag in Latin-1, not UTF-8, as older AVI and camera files have: written as "café"
     # in UTF-8, then its two bytes for "é" swapped for Latin-1's one and a space.
@@ -209,7 +218,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
             "rotated.mp4": "ok", "vfr.mp4": "ok", "anamorphic.mp4": "ok", "size_change.ts": "ok",
-            "joined_programmes.ts": "ok", "cut_from_middle.ts": "error",
+            "joined_programmes.ts": "ok", "started_mid_gop.ts": "ok", "no_parameter_sets.h264": "error",
             "damaged.mp4": "ok", "latin1_title.mp4": "ok"}
 
 
