@@ -32,6 +32,11 @@ from curator.stages.transnet import ShotDetector
 from curator.writer import OutputDir, read_jsonl
 
 CURATOR_VERSION = "0.1.0"
+# Sources sent to each SourceWorker at once, the one it works on included. With Ray Data's default
+# (2) a worker often waited for its next source when sources are short (clips of a few seconds):
+# Ray's dispatch of a task takes a good part of such a source's time. Sources queued behind a long
+# one wait for it, so no more than this.
+SOURCES_IN_FLIGHT = 4
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 # Config fields that do not change what is written, left out of the config hash.
 _RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s", "report")
@@ -256,7 +261,8 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
         model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
         ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
                                                         "caption_here": not model_stage},
-                    compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=1)
+                    compute=ray.data.ActorPoolStrategy(size=num_workers,
+                                                       max_tasks_in_flight_per_actor=SOURCES_IN_FLIGHT), num_cpus=1)
         if model_stage:
             ds = ds.map(Captioner, fn_constructor_kwargs={"cfg_dict": cfg_dict["captioner"]},
                         compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
