@@ -156,6 +156,9 @@ class CurateConfig:
     # A source whose job goes this long without progress (a hung decoder) gets an error record; a long
     # source, a film say, takes as long as it needs.
     source_timeout_s: float = 300.0
+    # Every so many seconds, a line for each source in work that long: frames decoded, of how many.
+    # 0: none (a line for each source done is always written).
+    progress_every_s: float = 30.0
     report: bool = False  # also write <output>/report/index.html (vfm-report) at the end
 
 

@@ -215,9 +215,36 @@ def probe(path: str) -> Probe:
     except MediaError:
         raise
     except av.FFmpegError as e:
+        if isinstance(e, av.InvalidDataError) and top_level_boxes(path)[-1:] == ["mdat"]:
+            raise MediaError("cannot read video: an MP4/MOV cut off in its media data, before the index (moov box) "
+                             "that comes after it: an interrupted recording or download") from e
         raise MediaError(f"cannot read video: {ffmpeg_message(e, path)}") from e
     except (OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
+
+
+def top_level_boxes(path: str, limit: int = 64) -> list[str]:
+    """The types of an ISO media file's (MP4, MOV, 3GP) top-level boxes, in order, up to the one
+    that runs past the end of the file; [] for a file that does not start with one."""
+    types: list[str] = []
+    with open(path, "rb") as f:
+        end = f.seek(0, 2)
+        at = 0
+        while at + 8 <= end and len(types) < limit:
+            f.seek(at)
+            head = f.read(16)
+            size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            if size == 1 and len(head) == 16:  # a 64-bit size follows the type
+                size = int.from_bytes(head[8:16], "big")
+            elif size == 0:  # to the end of the file
+                size = end - at
+            if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
+                break
+            if not types and kind != b"ftyp":
+                return []
+            types.append(kind.decode("latin-1"))
+            at += size
+        return types
 
 
 def ffmpeg_message(e: av.FFmpegError, path: str) -> str:
@@ -378,7 +405,8 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                 if frame.time is not None:
                     origin = float(frame.time) if origin is None else origin
                     time_s = max(0.0, float(frame.time) - origin)  # not -3e-7 from rounding
-                progress()  # for the sandbox's timeout, which is on time without progress
+                # For the sandbox's timeout, which is on time without progress, and the run's log.
+                progress((index + 1, probe_.num_frames))  # (frames decoded, of the header's count or 0)
                 yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged, luma)
                 index += 1
         except av.FFmpegError as e:

@@ -17,8 +17,11 @@ import hashlib
 import importlib.util
 import json
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,7 +42,8 @@ CURATOR_VERSION = "0.1.0"
 SOURCES_IN_FLIGHT = 4
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 # Config fields that do not change what is written, left out of the config hash.
-_RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s", "report")
+_RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_timeout_s", "report",
+             "progress_every_s")
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -76,6 +80,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"filters.max_niqe={cfg.filters.max_niqe} needs the score: add filters.quality=true")
     if cfg.source_timeout_s <= 0:
         raise ValueError(f"source_timeout_s={cfg.source_timeout_s}: must be > 0")
+    if cfg.progress_every_s < 0:
+        raise ValueError(f"progress_every_s={cfg.progress_every_s}: must be >= 0 (0: no lines on sources in work)")
     if cfg.detector.name == "transnetv2":
         if cfg.detector.num_actors < 1 or not 0 < cfg.detector.threshold < 1:
             raise ValueError("detector.num_actors must be >= 1 and detector.threshold in (0, 1)")
@@ -107,29 +113,132 @@ def _work(path: str, cfg_dict: dict, boundaries: dict | None = None) -> tuple[di
     return record, metas, [c.mp4 for c in clips if c.kept]
 
 
+class ProgressBoard:
+    """Ray actor: how far each SourceWorker is in its source, for the driver's log. The driver makes
+    it once a run has gone on for a while (short runs never pay for its process); the workers find
+    it by name and tell it what their sandboxes report."""
+
+    def __init__(self):
+        self.at: dict[str, tuple[dict, float]] = {}  # worker -> (its last note, when it came)
+
+    def report(self, worker: str, note: dict | None) -> None:
+        if note is None:
+            self.at.pop(worker, None)
+        else:
+            self.at[worker] = note, time.monotonic()
+
+    def snapshot(self) -> list[dict]:
+        """The notes, their `elapsed_s` brought up to now."""
+        now = time.monotonic()
+        return [{**note, "elapsed_s": note["elapsed_s"] + now - came} for note, came in self.at.values()]
+
+
+class ProgressLog:
+    """A driver thread that every `every_s` logs each source in work for that long: its frames
+    decoded, of how many, and for how long. Made at `every_s` into the run, the board shows what
+    the workers report from then on."""
+
+    def __init__(self, ray, board_name: str, every_s: float, log):
+        self.ray, self.board_name, self.every_s, self.log = ray, board_name, every_s, log
+        self.board = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="vfm-progress", daemon=True)
+
+    def __enter__(self):
+        if self.every_s:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if self.board is not None:  # in a Ray instance that outlives the run
+            self.ray.kill(self.board)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            try:
+                if self.board is None:
+                    self.board = self.ray.remote(num_cpus=0)(ProgressBoard).options(name=self.board_name).remote()
+                    continue
+                notes = self.ray.get(self.board.snapshot.remote(), timeout=max(self.every_s, 10))
+            except Exception as e:  # noqa: BLE001 - the log's trouble is never the run's
+                if self.stop.is_set():
+                    return
+                self.log(f"(progress of sources in work unavailable: {type(e).__name__}: {e})")
+                continue
+            for n in sorted(notes, key=lambda n: n["source"]):
+                if n["elapsed_s"] >= self.every_s:
+                    self.log(f"  ... {Path(n['source']).name}: {_how_far(n['frames'], n['of'])}, "
+                             f"{_duration(n['elapsed_s'])} in")
+
+
+def _how_far(frames: int, of: int) -> str:
+    if of >= frames:  # a header's frame count can be missing (0) or short
+        return f"frame {frames} of {of} ({100 * frames // of}%)"
+    return f"frame {frames}"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{seconds:.0f}s"
+
+
 class SourceWorker:
     """Ray Data actor. Each source runs in the worker's sandbox process, so a decoder that crashes
     or hangs on a corrupt stream costs that source an error record, not the run. A light captioner
-    (no model) captions the clips here too; a model captioner is a stage of its own."""
+    (no model) captions the clips here too; a model captioner is a stage of its own. Given
+    `progress_board` (a ProgressBoard's name) and `report_every_s`, it tells the board how far it is
+    in each source, once the driver has made the board."""
 
     def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work",
-                 caption_here: bool = False):
+                 caption_here: bool = False, progress_board: str | None = None, report_every_s: float = 5.0):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
         self.work = work  # "module:function": (path, cfg_dict, boundaries) -> (record, clip metas, mp4s)
         self.sandbox = Sandbox(preload=work.split(":")[0])
         self.sandbox.start()  # the child loads its libraries while Ray sets up the rest of the pool
         self.captioner = Captioner(cfg_dict["captioner"]) if caption_here else None
+        self.board_name, self.report_every_s = progress_board, report_every_s
+        self.board, self.name, self.reported_at = None, uuid.uuid4().hex, 0.0
+
+    def _report(self, note: dict | None) -> None:
+        """Tell the board `note`, at most every `report_every_s` (None, the source done: always)."""
+        now = time.monotonic()
+        if self.board_name is None or (note is not None and now - self.reported_at < self.report_every_s):
+            return
+        self.reported_at = now
+        try:
+            if self.board is None:
+                if note is None:
+                    return
+                import ray
+
+                try:
+                    self.board = ray.get_actor(self.board_name)
+                except ValueError:  # not made yet: the run is young
+                    return
+            self.board.report.remote(self.name, note)
+        except Exception:  # noqa: BLE001 - the log's trouble is never the source's
+            self.board_name = None
 
     def __call__(self, row: dict) -> dict:
         path = row["path"]
         boundaries = json.loads(row["boundaries"]) if "boundaries" in row else None
+        start = time.monotonic()
+
+        def progress(note: tuple[int, int]) -> None:  # (frames decoded, frames in the header or 0)
+            self._report({"source": path, "frames": note[0], "of": note[1], "elapsed_s": time.monotonic() - start})
+
         try:
             if boundaries is not None and "error" in boundaries:  # the detection pass failed on this source
                 raise SandboxError(f"shot detection: {boundaries['error']}")
             record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries,
-                                                   timeout_s=self.timeout_s)
+                                                   timeout_s=self.timeout_s, on_progress=progress)
         except SandboxError as e:
             record, metas, mp4s = _error(path, str(e)), [], []
+        finally:
+            self._report(None)
         record["clips"] = metas
         row = {"path": path, "record": json.dumps(record), "mp4": mp4s}
         return self.captioner(row) if self.captioner is not None else row
@@ -232,7 +341,11 @@ def ray_session(cfg: DictConfig):
             ray.shutdown()
 
 
-def curate(cfg: DictConfig, log=print) -> dict | None:
+def _print(line: str) -> None:
+    print(line, flush=True)  # at once also into a pipe or a file (a batch job's log), not at the end
+
+
+def curate(cfg: DictConfig, log=_print) -> dict | None:
     """Run the pipeline; returns the summary, or None when every input already has a record."""
     t_start = time.perf_counter()
     validate(cfg)
@@ -259,8 +372,11 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
                         compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
         cap = cfg.captioner
         model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
+        board = f"vfm-progress-{uuid.uuid4().hex}"
         ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
-                                                        "caption_here": not model_stage},
+                                                        "caption_here": not model_stage,
+                                                        "progress_board": board if cfg.progress_every_s else None,
+                                                        "report_every_s": min(5.0, cfg.progress_every_s)},
                     compute=ray.data.ActorPoolStrategy(size=num_workers,
                                                        max_tasks_in_flight_per_actor=SOURCES_IN_FLIGHT), num_cpus=1)
         if model_stage:
@@ -268,16 +384,17 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
                         compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
 
         cfg_hash = config_hash(cfg)
-        for n, row in enumerate(ds.iter_rows(), 1):
-            record = json.loads(row["record"])
-            t0 = time.perf_counter()
-            written = _write(out, record, list(row["mp4"]), cfg_hash)
-            record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
-            out.add_record(_manifest_record(record), written)
-            kept = sum(c["kept"] for c in record["clips"])
-            status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
-                if record["status"] == "ok" else f"error: {record['error']}"
-            log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
+        with ProgressLog(ray, board, cfg.progress_every_s, log):
+            for n, row in enumerate(_rows(ds), 1):
+                record = json.loads(row["record"])
+                t0 = time.perf_counter()
+                written = _write(out, record, list(row["mp4"]), cfg_hash)
+                record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
+                out.add_record(_manifest_record(record), written)
+                kept = sum(c["kept"] for c in record["clips"])
+                status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
+                    if record["status"] == "ok" else f"error: {record['error']}"
+                log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
     out.close()
     summary = summarize(out, cfg, time.perf_counter() - t_start)
     tmp = out.root / ".summary.json.tmp"
@@ -286,6 +403,16 @@ def curate(cfg: DictConfig, log=print) -> dict | None:
     log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
         f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
     return summary
+
+
+def _rows(ds) -> Iterator[dict]:
+    """The dataset's rows, each as soon as it is done (and those before it, in order). iter_rows()
+    holds a row back until the next one is done too (its prefetch): a source's clips were written,
+    and its line logged, only once the next source was through, however long that one took."""
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
+        columns = list(batch)
+        for i in range(len(batch[columns[0]])):
+            yield {name: batch[name][i] for name in columns}
 
 
 def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> set[str]:

@@ -3,11 +3,12 @@ interpreter (a decoder segfault on a corrupt stream) or hangs costs that job an 
 caller.
 
 The parent sends `(function, args)` and reads back `(ok, result or message)`, each a pickle with an
-8-byte length prefix, over the child's stdin/stdout; before that, `(None, None)` whenever the job
-reports progress (`progress()`). The timeout is on time without progress, so a long source takes as
-long as it needs while a hung decoder is stopped. Only this package's own parent and child
-exchange these pickles. The child is a fresh interpreter (`python -m curator.sandbox`), not a fork
-or a multiprocessing spawn, so it never re-imports its parent's main module.
+8-byte length prefix, over the child's stdin/stdout; before that, `(None, note)` whenever the job
+reports progress (`progress(note)`; the note, if any, says how far it is). The timeout is on time
+without progress, so a long source takes as long as it needs while a hung decoder is stopped. Only
+this package's own parent and child exchange these pickles. The child is a fresh interpreter
+(`python -m curator.sandbox`), not a fork or a multiprocessing spawn, so it never re-imports its
+parent's main module.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ _child_lock = threading.Lock()
 _last_progress = 0.0
 
 
-def progress() -> None:
-    """Tell the parent that the job is getting on (in a sandbox child; elsewhere it does nothing).
-    Cheap enough to call for every frame: at most one message a second goes out."""
+def progress(note=None) -> None:
+    """Tell the parent that the job is getting on (in a sandbox child; elsewhere it does nothing),
+    and how far it is if `note` (something small to pickle) says. Cheap enough to call for every
+    frame: at most one message a second goes out."""
     global _last_progress
     if _child_out is None:
         return
@@ -41,7 +43,7 @@ def progress() -> None:
     if now - _last_progress >= _PROGRESS_EVERY_S:
         _last_progress = now
         with _child_lock:
-            _write(_child_out, (None, None))
+            _write(_child_out, (None, note))
 
 
 @contextmanager
@@ -106,9 +108,10 @@ class Sandbox:
         return subprocess.Popen([sys.executable, "-m", "curator.sandbox", *([self.preload] if self.preload else [])],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
-    def run(self, func: str, *args, timeout_s: float | None = None):
+    def run(self, func: str, *args, timeout_s: float | None = None, on_progress=None):
         """Call `func` ("module:function") with `args` in the child; its result, or SandboxError.
-        `timeout_s`: the longest the job may go without reporting progress (or returning)."""
+        `timeout_s`: the longest the job may go without reporting progress (or returning);
+        `on_progress`: called with each note the job's progress comes with."""
         self.start()
         try:
             _write(self.proc.stdin, (func, args))
@@ -118,6 +121,8 @@ class Sandbox:
                 deadline = None if timeout_s is None else time.monotonic() + timeout_s
                 (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
                 ok, value = pickle.loads(_read_exact(fd, size, deadline))
+                if ok is None and value is not None and on_progress is not None:
+                    on_progress(value)
         except TimeoutError:
             self.close()
             raise SandboxError(f"timed out: no progress for {timeout_s}s") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -15,7 +16,14 @@ import numpy as np
 import pytest
 import webdataset as wds
 from omegaconf import OmegaConf
-from vfm_testmedia import _encode, write_bad_and_odd_inputs, write_browser_webm, write_dissolve, write_uneven_clock
+from vfm_testmedia import (
+    _encode,
+    write_bad_and_odd_inputs,
+    write_browser_webm,
+    write_dissolve,
+    write_looped,
+    write_uneven_clock,
+)
 
 import conf
 from curator import synth
@@ -65,6 +73,9 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
             assert "Errno" not in r["error"] and r["source"] not in r["error"], r["error"]
     assert "no video stream" in records["audio_only.mp4"]["error"]
     assert records["random.mp4"]["error"] == "cannot read video: Invalid data found when processing input"
+    assert records["truncated.mp4"]["error"] == ("cannot read video: an MP4/MOV cut off in its media data, before "
+                                                 "the index (moov box) that comes after it: an interrupted recording "
+                                                 "or download")
     assert records["no_parameter_sets.h264"]["error"].startswith(
         "no decodable video frame (h264 stream, the decoder rejected its first 1")
     assert records["no_parameter_sets.h264"]["error"].endswith(" packets, key frames among them)")
@@ -314,6 +325,29 @@ def test_sample_metadata_counts_the_frames_of_its_mp4_at_its_rate(tmp_path, bike
         meta = _sample_meta(record, {**m, "caption": "", "caption_source": "attributes"}, "hash")
         assert meta["fps"] == 10
         assert meta["num_frames"] == len(decord.VideoReader(io.BytesIO(mp4))) < m["end_frame"] - m["start_frame"]
+
+
+def test_the_log_says_how_far_a_long_source_is_and_each_source_as_soon_as_it_is_done(tmp_path, synth_corpus,
+                                                                                       bikes, ray_local):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(synth_corpus[0] / "cuts.mp4", inputs / "a_short.mp4")
+    write_looped(bikes, inputs / "b_long.mp4", 6)  # 1500 frames: seconds of work
+    lines = []
+    curate(_cfg(inputs, tmp_path / "out", "progress_every_s=0.5"), log=lines.append)
+    short = next(i for i, line in enumerate(lines) if line.startswith("[1/2] a_short.mp4: "))
+    long = next(i for i, line in enumerate(lines) if line.startswith("[2/2] b_long.mp4: "))
+    working = [(i, line) for i, line in enumerate(lines) if line.startswith("  ... b_long.mp4: frame ")]
+    assert working and working[-1][0] < long, lines
+    # The short source's line came as it was done, while the long one was in work: it had waited
+    # for the next source to be through.
+    assert short < working[-1][0], lines
+    last = 0
+    for _, line in working:
+        frame, of, percent = map(int, re.match(r"  \.\.\. b_long\.mp4: frame (\d+) of (\d+) \((\d+)%\), \d+s in$",
+                                              line).groups())
+        assert last <= frame < of == 1500 and percent == 100 * frame // of
+        last = frame
 
 
 def test_rerun_on_finished_output_does_nothing(curated, corpus):

@@ -35,6 +35,24 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             c.mux(p)
 
 
+def write_looped(src: Path, dst: Path, times: int) -> None:
+    """`src`'s video played `times` times over, its packets copied (no encoding): a long source of
+    real footage, cheap to make."""
+    import av
+
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        s_in = inp.streams.video[0]
+        s_out = out.add_stream_from_template(s_in)
+        packets = [p for p in inp.demux(s_in) if p.size]
+        span = max(p.pts + p.duration for p in packets) - min(p.pts for p in packets)
+        for k in range(times):
+            for p in packets:
+                if k:
+                    p.pts, p.dts = p.pts + span, p.dts + span
+                p.stream = s_out
+                out.mux(p)
+
+
 def _moving(n, h, w, seed):
     import numpy as np
 
