@@ -409,10 +409,8 @@ def _rows(ds) -> Iterator[dict]:
     """The dataset's rows, each as soon as it is done (and those before it, in order). iter_rows()
     holds a row back until the next one is done too (its prefetch): a source's clips were written,
     and its line logged, only once the next source was through, however long that one took."""
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
-        columns = list(batch)
-        for i in range(len(batch[columns[0]])):
-            yield {name: batch[name][i] for name in columns}
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
+        yield from batch.to_pylist()  # Python values: str, and bytes as they are
 
 
 def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> set[str]:

@@ -408,6 +408,10 @@ def test_same_inputs_same_clips_keys_and_bytes(curated, corpus, tmp_path):
         meta, meta_before = json.loads(s["json"]), json.loads(b["json"])
         assert meta.pop("source") != meta_before.pop("source")  # another folder
         assert meta == meta_before, s["__key__"]
+    # And the shards hold what the worker encoded, byte for byte, through Ray Data's blocks.
+    _, clips = process_source(str(root / "bikes.mp4"), first["bikes.mp4"]["source_id"], _cfg(root, again))
+    encoded = {c.key: c.mp4 for c in clips if c.kept and c.key in before}
+    assert len(encoded) >= 4 and all(before[k]["mp4"] == mp4 for k, mp4 in encoded.items())
 
 
 def test_clip_bytes_do_not_depend_on_threads_or_the_run(bikes):
