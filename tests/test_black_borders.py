@@ -9,11 +9,13 @@ import io
 import av
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from vfm_testmedia import _encode
 
 import conf
 from curator.stages.score import black_borders
 from curator.stages.split import process_source
+from curator.stages.transnet import detect_shots
 
 FRAMES = 100  # bikes' first 100 frames: cuts at 30 and 76
 SHOTS = [[0, 30], [30, 76], [76, 100]]
@@ -91,6 +93,10 @@ def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_t
         assert abs(clip.scores["brightness"] - ref.scores["brightness"]) < 3, (clip.scores, ref.scores)
         area = 1 - clip.width * clip.height / (record["out_width"] * record["out_height"])
         assert clip.scores["border_area"] == pytest.approx(area, abs=1e-4)
+
+    # TransNetV2 takes the picture without the bars too: with them, it lost the cut at 76 in the
+    # phone frame and in the windowbox.
+    assert detect_shots(str(path), OmegaConf.to_container(_cfg("detector=transnetv2").detector))["cuts"] == [30, 76]
 
     _, uncropped = process_source(str(path), "padded", _cfg("transcode.crop_black_borders=false"))
     assert {(c.width, c.height) for c in uncropped} == {(record["out_width"], record["out_height"])}

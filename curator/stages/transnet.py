@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 
+import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from curator import media
 from curator.sandbox import Sandbox, SandboxError, keepalive
-from curator.stages.detect import min_shot_frames
+from curator.stages.detect import PictureBox, min_shot_frames
 
 INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
+DECODE_SIZE = (96, 54)  # twice that: what black bars are cropped off at before scaling to it
 _model = None
 
 
@@ -56,11 +59,25 @@ def transitions_from_predictions(pred_all: np.ndarray, threshold: float, min_fra
     return [[int(a), int(b)] for a, b in edges.reshape(-1, 2) if b - a >= min_frames]
 
 
+def model_frames(path: str, p: media.Probe) -> np.ndarray:
+    """(T, 27, 48, 3) uint8: the source's frames as the model takes them, the picture without the
+    black bars round it (see detect.PictureBox: the part of the frame that has shown picture so
+    far). With the bars, a film in a 9:16 phone frame or 4:3 footage in a 16:9 one is a band of the
+    model's 48x27 frame, and it found few or none of the cuts in it."""
+    box, scaler, frames = PictureBox(), VideoReformatter(), []
+    for f in media.decode(path, p, DECODE_SIZE, None, fast=True):
+        rows, cols = box(f.small)
+        picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(f.small[rows, cols]), format="rgb24")
+        frames.append(scaler.reformat(picture, width=INPUT_SIZE[0], height=INPUT_SIZE[1],
+                                      interpolation="AREA").to_ndarray())
+    return np.stack(frames)
+
+
 def detect_shots(path: str, cfg_dict: dict) -> dict:
-    """Runs in the sandbox: decode at the model's size (reporting progress frame by frame),
-    predict, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans}."""
+    """Runs in the sandbox: decode (reporting progress frame by frame), predict, threshold.
+    {"cuts": frames that start a shot, "transitions": [start, end) spans}."""
     p = media.probe(path)
-    frames = np.stack([f.small for f in media.decode(path, p, INPUT_SIZE, None, fast=True)])  # (T, 27, 48, 3)
+    frames = model_frames(path, p)  # (T, 27, 48, 3)
     # Loading torch and the model (the first time) and the passes over the whole source report no
     # progress of their own: the passes take minutes for a long source on a CPU.
     with keepalive():
