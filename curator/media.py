@@ -227,24 +227,27 @@ def top_level_boxes(path: str, limit: int = 64) -> list[str]:
     """The types of an ISO media file's (MP4, MOV, 3GP) top-level boxes, in order, up to the one
     that runs past the end of the file; [] for a file that does not start with one."""
     types: list[str] = []
-    with open(path, "rb") as f:
-        end = f.seek(0, 2)
-        at = 0
-        while at + 8 <= end and len(types) < limit:
-            f.seek(at)
-            head = f.read(16)
-            size, kind = int.from_bytes(head[:4], "big"), head[4:8]
-            if size == 1 and len(head) == 16:  # a 64-bit size follows the type
-                size = int.from_bytes(head[8:16], "big")
-            elif size == 0:  # to the end of the file
-                size = end - at
-            if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
-                break
-            if not types and kind != b"ftyp":
-                return []
-            types.append(kind.decode("latin-1"))
-            at += size
-        return types
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            at = 0
+            while at + 8 <= end and len(types) < limit:
+                f.seek(at)
+                head = f.read(16)
+                size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+                if size == 1 and len(head) == 16:  # a 64-bit size follows the type
+                    size = int.from_bytes(head[8:16], "big")
+                elif size == 0:  # to the end of the file
+                    size = end - at
+                if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
+                    break
+                if not types and kind != b"ftyp":
+                    return []
+                types.append(kind.decode())
+                at += size
+    except OSError:
+        return []
+    return types
 
 
 def ffmpeg_message(e: av.FFmpegError, path: str) -> str:

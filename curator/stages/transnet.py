@@ -63,7 +63,7 @@ def model_frames(path: str, p: media.Probe) -> np.ndarray:
     """(T, 27, 48, 3) uint8: the source's frames as the model takes them, the picture without the
     black bars round it (see detect.PictureBox: the part of the frame that has shown picture so
     far). With the bars, a film in a 9:16 phone frame or 4:3 footage in a 16:9 one is a band of the
-    model's 48x27 frame, and it found few or none of the cuts in it."""
+    model's 48x27 frame, and it missed cuts in it."""
     box, scaler, frames = PictureBox(), VideoReformatter(), []
     for f in media.decode(path, p, DECODE_SIZE, None, fast=True):
         rows, cols = box(f.small)
