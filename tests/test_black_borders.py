@@ -103,6 +103,34 @@ def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_t
     assert all("black_borders" not in c.scores for c in uncropped)
 
 
+def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path):
+    """A 2.35:1 film letterboxed in 16:9 with its subtitles shown in the bottom bar, now and then."""
+    runs = {}
+    for subtitled in (False, True):
+        frames = []
+        for k, picture in enumerate(bikes_frames(bikes, 640, 272)):
+            a = np.zeros((360, 640, 3), np.uint8)
+            a[44:316] = picture
+            if subtitled and (10 <= k < 20 or 40 <= k < 60):
+                for x in range(200, 440, 14):  # letters' strokes in the bar, white
+                    a[330:346, x:x + 8] = 255
+            frames.append(a)
+        path = tmp_path / f"subtitled-{subtitled}.mp4"
+        _encode(path, frames, fps=25)
+        runs[subtitled] = process_source(str(path), "film", _cfg())
+    (record, clips), (_, plain) = runs[True], runs[False]
+    assert record["shots"] == SHOTS
+    kept = [c for c in clips if c.kept]
+    assert len(kept) == 3 and all(c.scores["black_borders"][0] > 0 for c in kept)
+    # Cropped as the film without subtitles is, to the same pictures (but for the source's coding).
+    plain_kept = [c for c in plain if c.kept]
+    assert [c.scores["black_borders"] for c in kept] == [c.scores["black_borders"] for c in plain_kept]
+    for clip, ref in zip(kept, plain_kept, strict=True):
+        video, ref_video = _decoded(clip), _decoded(ref)
+        assert video.shape == ref_video.shape
+        assert np.abs(video - ref_video).mean() < 2 and np.abs(video - ref_video)[:, -4:].mean() < 4
+
+
 def test_dark_edges_that_are_picture_are_not_cropped(bikes):
     """Luma planes of real frames with dark bands that bars do not make."""
     pictures = [a[..., 0] // 2 + 60 for a in bikes_frames(bikes, 320, 136)[::10]]  # (136, 320), all above black
@@ -122,10 +150,21 @@ def test_dark_edges_that_are_picture_are_not_cropped(bikes):
     assert black_borders(framed(40, 10)) == (0, 0, 0, 0)  # dark bands of unlike widths: picture
     assert black_borders(framed(1, 1)) == (0, 0, 0, 0)  # under 1% of the height: left as it is
     assert black_borders([np.full((180, 320), 16, np.uint8)] * 3) == (0, 0, 0, 0)  # a black frame has no picture
-    # A subtitle shown in the bottom bar in one of the frames: the lines it is on are picture there,
-    # so the bars left are of unlike widths, and nothing is cropped rather than cutting the text.
+    # A subtitle shown in the bottom bar in some of the frames: the bar goes, as wide as the top one,
+    # and the subtitle with it (the bars were left before, subtitle and all).
     frames = framed(40, 40)
-    frames[3][190:200, 100:220] = 235
+    for k in (1, 3):
+        for x in range(100, 220, 12):  # letters: strokes, not a block
+            frames[k][190:200, x:x + 7] = 235
+    assert black_borders(frames) == (42, 42, 0, 0)
+    # Not a subtitle: lines of the bottom bar as bright as picture in a frame (a shot wider than the
+    # bar); and lines never black, in which text and picture cannot be told apart.
+    frames = framed(40, 40)
+    frames[3][180:200] = 200
+    assert black_borders(frames) == (0, 0, 0, 0)
+    frames = framed(40, 40)
+    for f in frames:
+        f[190:200, 100:220:3] = 235
     assert black_borders(frames) == (0, 0, 0, 0)
     # The picture between bars is at least a fifth of the frame, or they are no bars.
     assert black_borders([np.pad(p[60:76], ((40, 40), (0, 0)), constant_values=16) for p in pictures]) == (0, 0, 0, 0)

@@ -131,6 +131,7 @@ BORDER_SPECKS = 0.02  # a line with up to this fraction of brighter pixels is st
 MIN_BORDER = 0.01  # of the frame's height or width: thinner edges are left as they are
 MIN_PICTURE = 0.2  # of the frame's height or width: what the bars leave at least, or they are no bars
 UNEVEN_BORDERS = 0.2  # bars of a pair differ by at most this fraction of the wider (and 2 lines)
+CAPTION_LINE = 0.5  # a bar's line with captions shown in it has at most this fraction of bright pixels
 
 
 def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
@@ -139,21 +140,32 @@ def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
     where it is black in every frame given, counted in from the edge. Bars come in pairs (top and
     bottom, left and right) of about the same width, as a picture is centred in its frame: a dark
     sky, floor or screen at one edge is picture, and so is a dark band wider at one edge than at
-    the other. One more line goes with each bar, rounded up to even: the line that the downscale
-    blended of bar and picture."""
+    the other. Captions shown in one bar (a film's subtitles under its picture) leave that bar
+    black in some of the frames and sparse text in the others: it goes, as wide as the bar across
+    from it, captions and all. One more line goes with each bar, rounded up to even: the line that
+    the downscale blended of bar and picture."""
     bright = np.stack(lumas) > BORDER_LUMA  # (T, H, W)
-    rows = (bright.mean(2) <= BORDER_SPECKS).all(0)  # (H,): black in every frame
-    cols = (bright.mean(1) <= BORDER_SPECKS).all(0)  # (W,)
 
-    def pair(black: np.ndarray) -> tuple[int, int]:
+    def pair(share: np.ndarray) -> tuple[int, int]:
+        """Bars at the two ends of the lines whose bright shares per frame are `share` (T, n)."""
+        black = (share <= BORDER_SPECKS).all(0)  # (n,): black in every frame
         n = len(black)
         a, b = int(np.argmin(black)), int(np.argmin(black[::-1]))  # black lines in from each edge
-        if black.all() or min(a, b) < max(1, MIN_BORDER * n) or abs(a - b) > max(2, UNEVEN_BORDERS * max(a, b)):
+        if black.all() or max(a, b) < max(1, MIN_BORDER * n):
+            return 0, 0
+        if abs(a - b) > max(2, UNEVEN_BORDERS * max(a, b)):
+            wide = max(a, b)
+            other = share[:, n - wide:] if a > b else share[:, :wide]  # (T, wide): where the other bar would be
+            captions = (other <= CAPTION_LINE).all() and (other <= BORDER_SPECKS).all(1).any()
+            if not captions:
+                return 0, 0
+            a = b = wide
+        elif min(a, b) < max(1, MIN_BORDER * n):
             return 0, 0
         a, b = (a + 2) // 2 * 2, (b + 2) // 2 * 2  # the blended line too, and even
         return (a, b) if n - a - b >= MIN_PICTURE * n else (0, 0)
 
-    return (*pair(rows), *pair(cols))
+    return (*pair(bright.mean(2)), *pair(bright.mean(1)))
 
 
 _ocr_engine = None
