@@ -164,10 +164,9 @@ class ProgressLog:
                     continue
                 notes = self.ray.get(self.board.snapshot.remote(), timeout=max(self.every_s, 10))
             except Exception as e:  # noqa: BLE001 - the log's trouble is never the run's
-                if self.stop.is_set():
-                    return
-                self.log(f"(progress of sources in work unavailable: {type(e).__name__}: {e})")
-                continue
+                if not self.stop.is_set():
+                    self.log(f"(no more lines on sources in work: {type(e).__name__}: {e})")
+                return
             for n in sorted(notes, key=lambda n: n["source"]):
                 if n["elapsed_s"] >= self.every_s:
                     self.log(f"  ... {Path(n['source']).name}: {_how_far(n['frames'], n['of'])}, "
