@@ -45,6 +45,8 @@ class Probe:
     top_field_first: bool = True  # of an interlaced stream: which field is shown first
     hdr: str | None = None  # "pq" (HDR10, Dolby Vision) or "hlg" (phones, broadcast): high dynamic range
     wide_gamut: bool = False  # BT.2020 primaries
+    # The first frame's outer rows, or its outer columns, are black: it may be letterboxed (or black)
+    dark_edges: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -211,6 +213,7 @@ def probe(path: str) -> Probe:
                 top_field_first=ctx.field_order not in (3, 4),
                 hdr=HDR_TRANSFERS.get(first.color_trc),
                 wide_gamut=first.color_primaries == BT2020,
+                dark_edges=_dark_edges(first),
             )
     except MediaError:
         raise
@@ -248,6 +251,43 @@ def top_level_boxes(path: str, limit: int = 64) -> list[str]:
     except OSError:
         return []
     return types
+
+
+def _dark_edges(frame: av.VideoFrame) -> bool:
+    """Whether a frame's first and last rows, or its first and last columns, are black (luma 40 at
+    most, but for 2% of them)."""
+    y = frame.to_ndarray(format="gray")  # (H, W)
+    def dark(line):
+        return (line > 40).mean() <= 0.02
+
+    return (dark(y[0]) and dark(y[-1])) or (dark(y[:, 0]) and dark(y[:, -1]))
+
+
+def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8) -> list[np.ndarray]:
+    """The luma (h, w) at `size` (as displayed: turned by the rotation) of up to `count` key frames
+    spread over the source: a seek and one frame's decoding each. [] where the source cannot be
+    sought in (a raw stream, a damaged index); fewer where key frames are far apart."""
+    rot = probe_.rotation
+    w, h = (size[1], size[0]) if rot in (90, 270) else size
+    lumas, seen = [], set()
+    scaler = VideoReformatter()
+    try:
+        with open_input(path) as container:
+            stream = video_stream(container)
+            stream.codec_context.skip_frame = "NONKEY"  # after each seek, only its key frame is decoded
+            start, tb = stream.start_time or 0, float(stream.time_base)
+            for k in range(count):
+                container.seek(start + int((k + 0.5) / count * probe_.duration_s / tb), stream=stream)
+                frame = next((f for f, _ in decoded_frames(container, stream, Damage())), None)
+                if frame is None or frame.pts in seen:
+                    continue
+                seen.add(frame.pts)
+                y = luma_plane(scaler.reformat(frame, width=w, height=h, format="yuv420p", interpolation="AREA",
+                                               src_color_range=frame.color_range, dst_color_range=ColorRange.MPEG))
+                lumas.append(np.ascontiguousarray(np.rot90(y, rot // 90)) if rot else y)
+    except (av.FFmpegError, ValueError, OverflowError):
+        return []
+    return lumas
 
 
 def ffmpeg_message(e: av.FFmpegError, path: str) -> str:

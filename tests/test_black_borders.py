@@ -98,9 +98,60 @@ def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_t
     # phone frame and in the windowbox.
     assert detect_shots(str(path), OmegaConf.to_container(_cfg("detector=transnetv2").detector))["cuts"] == [30, 76]
 
-    _, uncropped = process_source(str(path), "padded", _cfg("transcode.crop_black_borders=false"))
-    assert {(c.width, c.height) for c in uncropped} == {(record["out_width"], record["out_height"])}
+    whole, uncropped = process_source(str(path), "padded", _cfg("transcode.crop_black_borders=false"))
+    assert {(c.width, c.height) for c in uncropped} == {(whole["out_width"], whole["out_height"])}
+    assert min(whole["out_width"], whole["out_height"]) == min(256, fw, fh)
     assert all("black_borders" not in c.scores for c in uncropped)
+
+
+@pytest.mark.parametrize("frame, at", [((640, 360), (0, 44)), ((640, 1136), (0, 432))])
+def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, bikes, tmp_path):
+    """bikes.mp4 letterboxed in 16:9 and in a 9:16 phone frame, all 250 frames, a key frame a second:
+    its frames are scaled so that the picture, cropped of the bars, has the configured short side.
+    Scaled to the whole frame's short side, its clips had 192 lines, and 106 in the phone frame."""
+    (fw, fh), (x, y) = frame, at
+    frames = []
+    with av.open(str(bikes)) as c:
+        for f in c.decode(video=0):
+            a = np.zeros((fh, fw, 3), np.uint8)
+            a[y:y + 272, x:x + 640] = f.to_ndarray(format="rgb24")
+            frames.append(a)
+    path = tmp_path / "letterboxed.mp4"
+    _encode(path, frames, fps=25, gop=25)
+    record, clips = process_source(str(path), "film", _cfg())
+    assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
+    kept = [c for c in clips if c.kept]
+    assert len(kept) == 5
+    for clip in kept:  # the picture: at most the source's 640x272, its bars and their blended lines off
+        assert 254 <= clip.height <= 272 and clip.width == record["out_width"] <= 640
+        video = _decoded(clip)
+        assert min(video[:, 0].mean(), video[:, -1].mean()) > 40  # no bar left
+    # Without the crop, the frames are scaled to the whole frame's short side, as before.
+    record, _ = process_source(str(path), "film", _cfg("transcode.crop_black_borders=false"))
+    assert min(record["out_width"], record["out_height"]) == 256
+
+
+def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(bikes, tmp_path):
+    """Letterboxed, but for frames 160-186 filmed full frame, which no sampled key frame (a key frame
+    a second, frames 0, 25, 75, ...) falls in: that stretch's clip comes out larger, uncropped."""
+    frames = []
+    with av.open(str(bikes)) as c:
+        for k, f in enumerate(c.decode(video=0)):
+            if 160 <= k < 187:
+                frames.append(f.to_ndarray(format="rgb24", width=640, height=360))
+            else:
+                a = np.zeros((360, 640, 3), np.uint8)
+                a[44:316] = f.to_ndarray(format="rgb24")
+                frames.append(a)
+    path = tmp_path / "mixed.mp4"
+    _encode(path, frames, fps=25, gop=25)
+    record, clips = process_source(str(path), "film", _cfg())
+    assert min(record["out_width"], record["out_height"]) > 256  # scaled for the picture inside the bars
+    assert [160, 187] in record["shots"]  # the switch to full frame is a cut
+    kept = {c.start_frame: c for c in clips if c.kept}
+    assert (kept[161].width, kept[161].height) == (record["out_width"], record["out_height"])
+    assert kept[161].scores["border_area"] == 0
+    assert len(kept) == 6 and all(254 <= c.height <= 262 for start, c in kept.items() if start != 161)
 
 
 def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path):

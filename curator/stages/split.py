@@ -338,6 +338,31 @@ def resample_times(times: np.ndarray, end_s: float, out_fps: float) -> list[int]
     return np.where(nearer_before, before, after).tolist()
 
 
+MIN_BAR_SAMPLES = 3  # key frames that must show the same bars before a source's frames are scaled for them
+
+
+def transcode_size(path: str, p: media.Probe, transcode) -> tuple[int, int]:
+    """The size a source's frames are scaled to: `transcode.short_side` on their short side, or on
+    the short side of the picture inside black bars that the source shows throughout, so that a
+    clip cropped of its bars (see _Crop) keeps as many lines as one of a source without them: a
+    2.35:1 film in 1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106.
+    The bars are looked for in key frames spread over the source (a seek and a frame's decoding
+    each), and only where the first frame's edges are black. A clip without them (a part of the
+    source filmed full frame) comes out larger than `short_side`, never cropped of picture: each
+    clip is still cropped of the bars it shows itself."""
+    size = media.even_size(p.width, p.height, transcode.short_side)
+    if not (transcode.crop_black_borders and p.dark_edges):
+        return size
+    lumas = media.sample_lumas(path, p, size)
+    if len(lumas) < MIN_BAR_SAMPLES:
+        return size
+    top, bottom, left, right = score.black_borders(lumas)
+    picture_short = min(size[0] - left - right, size[1] - top - bottom)
+    if picture_short >= min(size):
+        return size
+    return media.even_size(p.width, p.height, round(transcode.short_side * min(size) / picture_short))
+
+
 def _source_limits(p: media.Probe, cfg) -> str | None:
     if p.width < 2 or p.height < 2:
         return f"frame size {p.width}x{p.height} is too small to transcode"
@@ -369,7 +394,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
         return record, []
 
     out_fps = cfg.transcode.fps or p.filmed_fps
-    out_size = media.even_size(p.width, p.height, cfg.transcode.short_side)
+    out_size = transcode_size(path, p, cfg.transcode)
     detector = GivenBoundaries(**boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
     try:
