@@ -274,14 +274,21 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
     try:
         with open_input(path) as container:
             stream = video_stream(container)
-            stream.codec_context.skip_frame = "NONKEY"  # after each seek, only its key frame is decoded
             start, tb = stream.start_time or 0, float(stream.time_base)
             for k in range(count):
                 container.seek(start + int((k + 0.5) / count * probe_.duration_s / tb), stream=stream)
-                frame = next((f for f, _ in decoded_frames(container, stream, Damage())), None)
-                if frame is None or frame.pts in seen:
+                # The key frame the seek lands on, drained out of the decoder at once: it would hold
+                # it back for the frames after it (B-frames), which need not be decoded.
+                key = next((p for p in packets(container, stream) if p.is_keyframe and p.size), None)
+                if key is None or key.pts in seen:
                     continue
-                seen.add(frame.pts)
+                seen.add(key.pts)
+                try:
+                    frame = next(iter([*key.decode(), *stream.codec_context.decode(None)]), None)
+                except av.FFmpegError:
+                    continue
+                if frame is None:
+                    continue
                 y = luma_plane(scaler.reformat(frame, width=w, height=h, format="yuv420p", interpolation="AREA",
                                                src_color_range=frame.color_range, dst_color_range=ColorRange.MPEG))
                 lumas.append(np.ascontiguousarray(np.rot90(y, rot // 90)) if rot else y)
