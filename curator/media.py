@@ -15,6 +15,7 @@ import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from curator.sandbox import progress
+from curator.stages import score
 
 
 class MediaError(Exception):
@@ -213,7 +214,7 @@ def probe(path: str) -> Probe:
                 top_field_first=ctx.field_order not in (3, 4),
                 hdr=HDR_TRANSFERS.get(first.color_trc),
                 wide_gamut=first.color_primaries == BT2020,
-                dark_edges=_dark_edges(first),
+                dark_edges=score.dark_edges(first.to_ndarray(format="gray")),
             )
     except MediaError:
         raise
@@ -253,16 +254,6 @@ def top_level_boxes(path: str, limit: int = 64) -> list[str]:
     return types
 
 
-def _dark_edges(frame: av.VideoFrame) -> bool:
-    """Whether a frame's first and last rows, or its first and last columns, are black (luma 40 at
-    most, but for 2% of them)."""
-    y = frame.to_ndarray(format="gray")  # (H, W)
-    def dark(line):
-        return (line > 40).mean() <= 0.02
-
-    return (dark(y[0]) and dark(y[-1])) or (dark(y[:, 0]) and dark(y[:, -1]))
-
-
 def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8) -> list[np.ndarray]:
     """The luma (h, w) at `size` (as displayed: turned by the rotation) of up to `count` key frames
     spread over the source: a seek and one frame's decoding each. [] where the source cannot be
@@ -284,11 +275,12 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
                     continue
                 seen.add(key.pts)
                 try:
-                    frame = next(iter([*key.decode(), *stream.codec_context.decode(None)]), None)
+                    frames = [*key.decode(), *stream.codec_context.decode(None)]
                 except av.FFmpegError:
                     continue
-                if frame is None:
+                if not frames:
                     continue
+                frame = frames[0]
                 y = luma_plane(scaler.reformat(frame, width=w, height=h, format="yuv420p", interpolation="AREA",
                                                src_color_range=frame.color_range, dst_color_range=ColorRange.MPEG))
                 lumas.append(np.ascontiguousarray(np.rot90(y, rot // 90)) if rot else y)

@@ -134,6 +134,17 @@ UNEVEN_BORDERS = 0.2  # bars of a pair differ by at most this fraction of the wi
 CAPTION_LINE = 0.5  # a bar's line with captions shown in it has at most this fraction of bright pixels
 
 
+def dark_edges(luma: np.ndarray) -> bool:
+    """Whether a frame's luma (H, W) is black along its first and last rows, or along its first and
+    last columns: it may show bars (or be black), and a source's frames are worth looking at for them."""
+    bright = luma > BORDER_LUMA
+
+    def black(line: np.ndarray) -> bool:
+        return line.mean() <= BORDER_SPECKS
+
+    return (black(bright[0]) and black(bright[-1])) or (black(bright[:, 0]) and black(bright[:, -1]))
+
+
 def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
     """(top, bottom, left, right): lines to crop off a clip for black bars, from the luma (H, W)
     of some of its frames, even numbers (for yuv420p); zeros where it has none. A line is a bar
