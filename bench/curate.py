@@ -249,6 +249,8 @@ def main() -> None:
 {'curation wall s (vs decoding once, the floor)':44s} {t_vfm:10.2f} {t_floor:10.2f} {floor_ratio:7.2f}  <= 2.0
 {extra_label:44s} {extra_vfm:10.2f} {extra_floor:10.2f} {throughput_ratio:7.2f}
 {'  of it, fixed cost of a run (s)':44s} {fixed_s:10.2f}
+{'    of that, Ray starting, stopping (s)':44s} {summary['last_run_ray_start_s']:10.2f} \
+{summary['last_run_ray_stop_s']:10.2f}
 {mem_label:44s} {rss_many / 2**20:10.0f} {rss_one / 2**20:10.0f} {mem_ratio:7.2f}  flat
 vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
     print(json.dumps({
@@ -260,6 +262,7 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
         "curate_throughput_ratio_vs_decode_floor": round(throughput_ratio, 3),
         "curate_fixed_s": round(fixed_s, 2),
+        "ray_start_s": summary["last_run_ray_start_s"], "ray_stop_s": summary["last_run_ray_stop_s"],
         "peak_rss_ratio_4x_vs_1x": round(mem_ratio, 3),
         "frames": frames,
     }))

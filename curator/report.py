@@ -323,6 +323,9 @@ def page(summary: dict, charts: list[tuple[str, str]], kept_cards: list[str], dr
     stages = "".join(f"<tr><td>{_e(k.removesuffix('_s'))}</td><td>{v:.2f}</td>"
                      f"<td>{frames / v:.1f}</td></tr>" if v else f"<tr><td>{_e(k)}</td><td>0</td><td></td></tr>"
                      for k, v in summary.get("stage_seconds", {}).items())
+    ray_s = [f"{what} {summary[key]:.2f} s" for what, key in (("Ray starting", "last_run_ray_start_s"),
+                                                                ("stopping", "last_run_ray_stop_s")) if key in summary]
+    ray_s = f" (of it {', '.join(ray_s)})" if ray_s else ""
     chart_html = "".join(f'<img src="{_e(f)}" alt="{_e(t)}" title="{_e(t)}">' for t, f in charts)
     dropped_html = "".join(
         f"<h3>{_e(reason)}: showing {len(cards)} of {num_dropped[reason]}</h3><div class='cards'>{''.join(cards)}</div>"
@@ -336,8 +339,8 @@ def page(summary: dict, charts: list[tuple[str, str]], kept_cards: list[str], dr
 output {_e((summary.get('config') or {}).get('output', ''))}</p>
 <h2>Totals</h2><table>{rows}</table>
 <h2>Errors by message</h2>{errors}
-<h2>Time</h2><p>last run: {wall if wall is not None else '?'} s wall, {summary.get('last_run_frames_per_s')} frames/s
-over {frames} source frames</p>
+<h2>Time</h2><p>last run: {wall if wall is not None else '?'} s wall{ray_s},
+{summary.get('last_run_frames_per_s')} frames/s over {frames} source frames</p>
 <table><tr><th>stage</th><th>seconds (summed over workers)</th><th>frames/s</th></tr>{stages}</table>
 <h2>Distributions</h2><p class="muted">Stacked: kept (green) and dropped (red) clips; dashed lines are the
 filter thresholds of the config.</p><div class="charts">{chart_html}</div>

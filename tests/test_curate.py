@@ -360,7 +360,9 @@ def test_rerun_on_finished_output_does_nothing(curated, corpus):
 
 def test_a_run_stops_the_local_ray_it_started_and_leaves_one_it_was_given(tmp_path, synth_corpus):
     """In a fresh interpreter: the first run starts a local instance and stops it itself (Ray's exit
-    hook would first sleep); a run inside an instance the caller started leaves it running."""
+    hook would first sleep), every process of it, without waiting out the autoscaler monitor's
+    1 s grace (ray.shutdown alone: 1.35 s); a run inside an instance the caller started leaves it
+    running."""
     import subprocess
     import sys
 
@@ -373,7 +375,12 @@ from curator.pipeline import curate
 def run(out):
     return curate(conf.compose("curate", ["input={tmp_path / 'in'}", "output=" + out, "ray.num_cpus=2"]),
                   log=lambda *_: None)
-assert run("{tmp_path / 'a'}")["kept"] > 0
+import psutil
+summary = run("{tmp_path / 'a'}")
+assert summary["kept"] > 0
+left = [" ".join(p.cmdline())[:100] for p in psutil.Process().children(recursive=True)]
+assert not left, left
+print("ray start, stop:", summary["last_run_ray_start_s"], summary["last_run_ray_stop_s"])
 print("after own instance:", ray.is_initialized())
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 assert run("{tmp_path / 'b'}")["kept"] > 0
@@ -383,6 +390,8 @@ print("after given instance:", ray.is_initialized())
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "after own instance: False" in done.stdout and "after given instance: True" in done.stdout
+    start_s, stop_s = map(float, done.stdout.split("ray start, stop:")[1].split()[:2])
+    assert start_s > 0 and stop_s < 1.0
 
 
 def test_same_inputs_same_clips_keys_and_bytes(curated, corpus, tmp_path):

@@ -92,6 +92,8 @@ def test_the_page_states_the_summary_and_links_only_images_that_exist(curated):
         assert any(h.startswith(f"{reason}: showing") for h in page.headings), (reason, page.headings)
     assert f"showing {summary['kept']} of {summary['kept']}" in text
     assert summary["config_hash"] in text and "min_brightness" in text  # the config that made the data
+    assert f"Ray starting {summary['last_run_ray_start_s']:.2f} s, stopping {summary['last_run_ray_stop_s']:.2f} s" \
+        in text
     assert not (curated / ".report.tmp").exists()
 
 
