@@ -104,11 +104,13 @@ def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_t
     assert all("black_borders" not in c.scores for c in uncropped)
 
 
-@pytest.mark.parametrize("frame, at", [((640, 360), (0, 44)), ((640, 1136), (0, 432))])
-def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, bikes, tmp_path):
-    """bikes.mp4 letterboxed in 16:9 and in a 9:16 phone frame, all 250 frames, a key frame a second:
-    its frames are scaled so that the picture, cropped of the bars, has the configured short side.
-    Scaled to the whole frame's short side, its clips had 192 lines, and 106 in the phone frame."""
+@pytest.mark.parametrize("frame, at, gop", [((640, 360), (0, 44), 25), ((640, 1136), (0, 432), 25),
+                                           ((640, 360), (0, 44), 250)])
+def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, gop, bikes, tmp_path):
+    """bikes.mp4 letterboxed in 16:9 and in a 9:16 phone frame, all 250 frames, a key frame a second
+    or only the first (a short clip as ffmpeg cuts it): its frames are scaled so that the picture,
+    cropped of the bars, has the configured short side. Scaled to the whole frame's short side, its
+    clips had 192 lines, and 106 in the phone frame; with one key frame, 192 until 3 were asked for."""
     (fw, fh), (x, y) = frame, at
     frames = []
     with av.open(str(bikes)) as c:
@@ -117,7 +119,7 @@ def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, bikes
             a[y:y + 272, x:x + 640] = f.to_ndarray(format="rgb24")
             frames.append(a)
     path = tmp_path / "letterboxed.mp4"
-    _encode(path, frames, fps=25, gop=25)
+    _encode(path, frames, fps=25, gop=gop)
     record, clips = process_source(str(path), "film", _cfg())
     assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
     kept = [c for c in clips if c.kept]
@@ -133,7 +135,8 @@ def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, bikes
 
 def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(bikes, tmp_path):
     """Letterboxed, but for frames 160-186 filmed full frame, which no sampled key frame (a key frame
-    a second, frames 0, 25, 75, ...) falls in: that stretch's clip comes out larger, uncropped."""
+    a second, frames 0, 25, 75, ...) falls in: that stretch's clip keeps all its picture, uncropped,
+    scaled down to the short side of the others (it came out larger, at the frames' size, before)."""
     frames = []
     with av.open(str(bikes)) as c:
         for k, f in enumerate(c.decode(video=0)):
@@ -149,8 +152,10 @@ def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(
     assert min(record["out_width"], record["out_height"]) > 256  # scaled for the picture inside the bars
     assert [160, 187] in record["shots"]  # the switch to full frame is a cut
     kept = {c.start_frame: c for c in clips if c.kept}
-    assert (kept[161].width, kept[161].height) == (record["out_width"], record["out_height"])
+    assert (kept[161].width, kept[161].height) == (456, 256)  # 16:9, as the frames: nothing cropped
     assert kept[161].scores["border_area"] == 0
+    whole = _decoded(kept[161])
+    assert whole.shape[1:] == (256, 456) and min(whole[:, 0].mean(), whole[:, -1].mean()) > 40
     assert len(kept) == 6 and all(254 <= c.height <= 262 for start, c in kept.items() if start != 161)
 
 
@@ -219,3 +224,23 @@ def test_dark_edges_that_are_picture_are_not_cropped(bikes):
     assert black_borders(frames) == (0, 0, 0, 0)
     # The picture between bars is at least a fifth of the frame, or they are no bars.
     assert black_borders([np.pad(p[60:76], ((40, 40), (0, 0)), constant_values=16) for p in pictures]) == (0, 0, 0, 0)
+
+
+def test_a_small_picture_in_a_large_black_frame_is_scaled_up_at_most_three_times(bikes, tmp_path):
+    """bikes.mp4 as a 1920x240 strip in a 1080p frame: the picture's short side inside the bars is
+    about a fifth of the frame's, but the frames are scaled for at most 3x the short side (1366x768),
+    not for the whole picture (the whole 1080p frame, and a clip's frames decoded and scaled at it)."""
+    from curator import media
+    from curator.stages.split import transcode_size
+
+    frames = []
+    for picture in bikes_frames(bikes, 1920, 240)[:16]:
+        a = np.zeros((1080, 1920, 3), np.uint8)
+        a[420:660] = picture
+        frames.append(a)
+    path = tmp_path / "strip.mp4"
+    _encode(path, frames, fps=25, gop=4)
+    cfg = _cfg()
+    p = media.probe(str(path))
+    assert p.dark_edges
+    assert transcode_size(str(path), p, cfg.transcode) == (1366, 768)

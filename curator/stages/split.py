@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import av
 import numpy as np
+from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from curator import media
 from curator.stages import detect, score
@@ -219,7 +220,9 @@ class _Splitter:
         start, end = frames[0].index, frames[-1].index + 1
         t_start, t_last = frames[0].time_s, frames[-1].time_s  # on the Timeline
         t0 = time.perf_counter()
-        crop = _Crop.of(frames, self.out_size) if self.cfg.transcode.crop_black_borders else _Crop(None, self.out_size)
+        short_side = self.cfg.transcode.short_side
+        crop = _Crop.of(frames, self.out_size, short_side) if self.cfg.transcode.crop_black_borders \
+            else _Crop(None, self.out_size, short_side)
         small = crop(np.stack([f.small for f in frames]), 1)  # (T, h, w, 3): the picture, without bars
         scores = {**score.measure(small), **crop.scores()}
         w, h = crop.width, crop.height
@@ -262,29 +265,36 @@ class _Splitter:
 
 
 BORDER_SAMPLES = 8  # frames of a clip, evenly spread from its first to its last, to look for black borders in
+OVERSIZE = 1.1  # a clip's picture with a short side larger than this times transcode.short_side is scaled down to it
 
 
 class _Crop:
     """A clip's black borders (top, bottom, left, right; None when not looked for), in lines of its
     transcode frames of `size` (w, h): cut off those frames and, scaled, off its frames at other
     sizes. Scaled, a border is rounded up, so that no bar is left in the analysis frames to darken
-    the clip's scores."""
+    the clip's scores. (`width`, `height`): the clip's size, that of its picture, scaled down to
+    `short_side` where it is larger by more than OVERSIZE: a clip that does not show the bars its
+    source was scaled for (see transcode_size) comes out at the short side of every other clip."""
 
-    def __init__(self, borders: tuple[int, int, int, int] | None, size: tuple[int, int]):
+    def __init__(self, borders: tuple[int, int, int, int] | None, size: tuple[int, int], short_side: int):
         self.borders, self.size = borders, size
         top, bottom, left, right = borders or (0, 0, 0, 0)
         self.any = any(borders or ())
-        self.width, self.height = size[0] - left - right, size[1] - top - bottom
+        self.picture = size[0] - left - right, size[1] - top - bottom
+        self.width, self.height = self.picture
+        if min(self.picture) > OVERSIZE * short_side:
+            self.width, self.height = media.even_size(*self.picture, short_side)
+        self.scaler = VideoReformatter()  # one for the clip's frames: its setup costs more than a frame's scaling
 
     @classmethod
-    def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int]) -> _Crop:
+    def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int], short_side: int) -> _Crop:
         picks = np.linspace(0, len(frames) - 1, min(len(frames), BORDER_SAMPLES)).round().astype(int)
-        return cls(score.black_borders([media.luma_plane(frames[i].frame) for i in picks]), size)
+        return cls(score.black_borders([media.luma_plane(frames[i].frame) for i in picks]), size, short_side)
 
     def scores(self) -> dict:
         if self.borders is None:
             return {}
-        area = 1 - self.width * self.height / (self.size[0] * self.size[1])
+        area = 1 - self.picture[0] * self.picture[1] / (self.size[0] * self.size[1])
         return {"black_borders": list(self.borders), "border_area": round(area, 4)}
 
     def __call__(self, a: np.ndarray | None, axis: int) -> np.ndarray | None:
@@ -301,8 +311,13 @@ class _Crop:
         return a[tuple(cut)]
 
     def frame(self, frame: av.VideoFrame) -> av.VideoFrame:
-        """A transcode frame, cropped."""
-        return media.crop_yuv420p(frame, *self.borders) if self.any else frame
+        """A transcode frame, cropped, at the clip's size."""
+        frame = media.crop_yuv420p(frame, *self.borders) if self.any else frame
+        if (frame.width, frame.height) == (self.width, self.height):
+            return frame
+        return self.scaler.reformat(frame, width=self.width, height=self.height, interpolation="AREA",
+                                    src_colorspace=Colorspace.ITU601, dst_colorspace=Colorspace.ITU601,
+                                    src_color_range=ColorRange.MPEG, dst_color_range=ColorRange.MPEG)
 
 
 def _trim_fades(frames: list[media.DecodedFrame], head: bool, tail: bool) -> list[media.DecodedFrame]:
@@ -338,29 +353,31 @@ def resample_times(times: np.ndarray, end_s: float, out_fps: float) -> list[int]
     return np.where(nearer_before, before, after).tolist()
 
 
-MIN_BAR_SAMPLES = 3  # key frames that must show the same bars before a source's frames are scaled for them
+MAX_BAR_SCALE = 3.0  # at most this times the frames' short side for the picture's: 2.76:1 in a 9:16 frame
 
 
 def transcode_size(path: str, p: media.Probe, transcode) -> tuple[int, int]:
     """The size a source's frames are scaled to: `transcode.short_side` on their short side, or on
-    the short side of the picture inside black bars that the source shows throughout, so that a
-    clip cropped of its bars (see _Crop) keeps as many lines as one of a source without them: a
-    2.35:1 film in 1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106.
-    The bars are looked for in key frames spread over the source (a seek and a frame's decoding
-    each), and only where the first frame's edges are black. A clip without them (a part of the
-    source filmed full frame) comes out larger than `short_side`, never cropped of picture: each
-    clip is still cropped of the bars it shows itself."""
+    the short side of the picture inside black bars that the source shows, so that a clip cropped
+    of its bars (see _Crop) keeps as many lines as one of a source without them: a 2.35:1 film in
+    1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106. The bars are
+    looked for where the first frame's edges are black, in up to 8 key frames spread over the
+    source (a seek and a frame's decoding each), and must show in all that it has (a short clip
+    may have one). Bars misread cost time, not picture or size: each clip is cropped of the bars
+    it shows itself, and one that shows none is scaled down to `short_side` (a part of the source
+    filmed full frame, or a dark first key frame taken for bars)."""
     size = media.even_size(p.width, p.height, transcode.short_side)
     if not (transcode.crop_black_borders and p.dark_edges):
         return size
     lumas = media.sample_lumas(path, p, size)
-    if len(lumas) < MIN_BAR_SAMPLES:
+    if not lumas:
         return size
     top, bottom, left, right = score.black_borders(lumas)
     picture_short = min(size[0] - left - right, size[1] - top - bottom)
     if picture_short >= min(size):
         return size
-    return media.even_size(p.width, p.height, round(transcode.short_side * min(size) / picture_short))
+    scale = min(MAX_BAR_SCALE, min(size) / picture_short)
+    return media.even_size(p.width, p.height, round(transcode.short_side * scale))
 
 
 def _source_limits(p: media.Probe, cfg) -> str | None:
