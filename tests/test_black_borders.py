@@ -159,6 +159,30 @@ def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(
     assert len(kept) == 6 and all(254 <= c.height <= 262 for start, c in kept.items() if start != 161)
 
 
+def test_a_film_after_a_full_frame_title_card_is_scaled_for_its_bars(bikes, tmp_path):
+    """bikes.mp4 letterboxed in 16:9 but for its first shot (frames 0-29), shown full frame as a
+    title card or a studio's logo would be: the first frame has picture at its edges, the middle key
+    frame has bars. The letterboxed clips get their lines (192 before, the bars looked for only where
+    the first frame had black edges), and the full-frame one keeps all its picture at 456x256."""
+    frames = []
+    with av.open(str(bikes)) as c:
+        for k, f in enumerate(c.decode(video=0)):
+            if k < 30:
+                frames.append(f.to_ndarray(format="rgb24", width=640, height=360))
+            else:
+                a = np.zeros((360, 640, 3), np.uint8)
+                a[44:316] = f.to_ndarray(format="rgb24")
+                frames.append(a)
+    path = tmp_path / "titled.mp4"
+    _encode(path, frames, fps=25, gop=25)
+    record, clips = process_source(str(path), "film", _cfg())
+    assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
+    kept = {c.start_frame: c for c in clips if c.kept}
+    assert (kept[0].width, kept[0].height) == (456, 256) and kept[0].scores["border_area"] == 0
+    letterboxed = [c for start, c in kept.items() if start > 0]
+    assert len(letterboxed) == 4 and all(254 <= c.height <= 272 for c in letterboxed)
+
+
 def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path):
     """A 2.35:1 film letterboxed in 16:9 with its subtitles shown in the bottom bar, now and then."""
     runs = {}

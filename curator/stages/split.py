@@ -360,19 +360,27 @@ def transcode_size(path: str, p: media.Probe, transcode) -> tuple[int, int]:
     """The size a source's frames are scaled to: `transcode.short_side` on their short side, or on
     the short side of the picture inside black bars that the source shows, so that a clip cropped
     of its bars (see _Crop) keeps as many lines as one of a source without them: a 2.35:1 film in
-    1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106. The bars are
-    looked for where the first frame's edges are black, in up to 8 key frames spread over the
-    source (a seek and a frame's decoding each), and must show in all that it has (a short clip
-    may have one). Bars misread cost time, not picture or size: each clip is cropped of the bars
-    it shows itself, and one that shows none is scaled down to `short_side` (a part of the source
-    filmed full frame, or a dark first key frame taken for bars)."""
+    1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106.
+
+    Bars are looked for where the first frame's edges are black, or the middle key frame's (a
+    film after a full-frame title card): in up to 8 key frames spread over the source, a seek and
+    a frame's decoding each. They count where at least half of those that the source has (a short
+    clip may have one) show black edges, and are the lines black in all of these. Bars misread
+    cost time, not picture or size: each clip is cropped of the bars it shows itself, and one that
+    shows none is scaled down to `short_side` (a stretch filmed full frame, the title card, or a
+    dark key frame taken for bars)."""
     size = media.even_size(p.width, p.height, transcode.short_side)
-    if not (transcode.crop_black_borders and p.dark_edges):
+    if not transcode.crop_black_borders:
         return size
+    if not p.dark_edges:
+        middle = media.sample_lumas(path, p, size, count=1)
+        if not (middle and score.dark_edges(middle[0])):
+            return size
     lumas = media.sample_lumas(path, p, size)
-    if not lumas:
+    dark = [luma for luma in lumas if score.dark_edges(luma)]
+    if not dark or 2 * len(dark) < len(lumas):
         return size
-    top, bottom, left, right = score.black_borders(lumas)
+    top, bottom, left, right = score.black_borders(dark)
     picture_short = min(size[0] - left - right, size[1] - top - bottom)
     if picture_short >= min(size):
         return size
