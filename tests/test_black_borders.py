@@ -133,21 +133,27 @@ def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, gop, 
     assert min(record["out_width"], record["out_height"]) == 256
 
 
-def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(bikes, tmp_path):
-    """Letterboxed, but for frames 160-186 filmed full frame, which no sampled key frame (a key frame
-    a second, frames 0, 25, 75, ...) falls in: that stretch's clip keeps all its picture, uncropped,
-    scaled down to the short side of the others (it came out larger, at the frames' size, before)."""
+def _letterboxed_but(bikes, full_frame: range, path):
+    """bikes.mp4 as a 2.35:1 film letterboxed in a 640x360 frame, but for the frames in `full_frame`,
+    shown full frame; a key frame a second."""
     frames = []
     with av.open(str(bikes)) as c:
         for k, f in enumerate(c.decode(video=0)):
-            if 160 <= k < 187:
+            if k in full_frame:
                 frames.append(f.to_ndarray(format="rgb24", width=640, height=360))
             else:
                 a = np.zeros((360, 640, 3), np.uint8)
                 a[44:316] = f.to_ndarray(format="rgb24")
                 frames.append(a)
-    path = tmp_path / "mixed.mp4"
     _encode(path, frames, fps=25, gop=25)
+    return path
+
+
+def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(bikes, tmp_path):
+    """Letterboxed, but for frames 160-186 filmed full frame, which no sampled key frame (a key frame
+    a second, frames 0, 25, 75, ...) falls in: that stretch's clip keeps all its picture, uncropped,
+    scaled down to the short side of the others (it came out larger, at the frames' size, before)."""
+    path = _letterboxed_but(bikes, range(160, 187), tmp_path / "mixed.mp4")
     record, clips = process_source(str(path), "film", _cfg())
     assert min(record["out_width"], record["out_height"]) > 256  # scaled for the picture inside the bars
     assert [160, 187] in record["shots"]  # the switch to full frame is a cut
@@ -164,17 +170,7 @@ def test_a_film_after_a_full_frame_title_card_is_scaled_for_its_bars(bikes, tmp_
     title card or a studio's logo would be: the first frame has picture at its edges, the middle key
     frame has bars. The letterboxed clips get their lines (192 before, the bars looked for only where
     the first frame had black edges), and the full-frame one keeps all its picture at 456x256."""
-    frames = []
-    with av.open(str(bikes)) as c:
-        for k, f in enumerate(c.decode(video=0)):
-            if k < 30:
-                frames.append(f.to_ndarray(format="rgb24", width=640, height=360))
-            else:
-                a = np.zeros((360, 640, 3), np.uint8)
-                a[44:316] = f.to_ndarray(format="rgb24")
-                frames.append(a)
-    path = tmp_path / "titled.mp4"
-    _encode(path, frames, fps=25, gop=25)
+    path = _letterboxed_but(bikes, range(0, 30), tmp_path / "titled.mp4")
     record, clips = process_source(str(path), "film", _cfg())
     assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
     kept = {c.start_frame: c for c in clips if c.kept}
