@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -357,14 +358,19 @@ def _stop_autoscaler_monitor(ray) -> None:
     shutdown, 0.35 s without). A one-node instance started for one run has nothing for a monitor
     to scale or save. This reaches into Ray's private node object: where a Ray version lacks it,
     shutdown only takes its second longer."""
-    try:
-        node = ray._private.worker._global_node
-        monitors = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_MONITOR, [])
-        for info in monitors:
-            info.process.kill()
-            info.process.wait(timeout=5)
-    except Exception:  # noqa: BLE001 - shutdown proper still stops it
-        pass
+    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "_global_node", None)
+    processes = getattr(node, "all_processes", None)
+    if not isinstance(processes, dict):
+        return
+    for info in processes.get("monitor", []):  # ray_constants.PROCESS_TYPE_MONITOR
+        process = getattr(info, "process", None)
+        if not isinstance(process, subprocess.Popen):
+            return
+        try:
+            process.kill()
+            process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):  # ray.shutdown() still stops it, a second later
+            return
 
 
 def _print(line: str) -> None:

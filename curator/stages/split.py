@@ -282,9 +282,10 @@ class _Crop:
         self.any = any(borders or ())
         self.picture = size[0] - left - right, size[1] - top - bottom
         self.width, self.height = self.picture
+        self.scaler = None  # one for all the clip's frames: its setup costs more than a frame's scaling
         if min(self.picture) > OVERSIZE * short_side:
             self.width, self.height = media.even_size(*self.picture, short_side)
-        self.scaler = VideoReformatter()  # one for the clip's frames: its setup costs more than a frame's scaling
+            self.scaler = VideoReformatter()
 
     @classmethod
     def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int], short_side: int) -> _Crop:
@@ -313,7 +314,7 @@ class _Crop:
     def frame(self, frame: av.VideoFrame) -> av.VideoFrame:
         """A transcode frame, cropped, at the clip's size."""
         frame = media.crop_yuv420p(frame, *self.borders) if self.any else frame
-        if (frame.width, frame.height) == (self.width, self.height):
+        if self.scaler is None:
             return frame
         return self.scaler.reformat(frame, width=self.width, height=self.height, interpolation="AREA",
                                     src_colorspace=Colorspace.ITU601, dst_colorspace=Colorspace.ITU601,
