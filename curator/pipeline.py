@@ -8,7 +8,8 @@
            ─► driver: dedup → shards + manifest.jsonl, then summary.json
 
 On a laptop `ray.init()` starts a local instance; with `ray.address=auto` the same chain runs on a
-cluster. Results come back in input order, so keys, dedup decisions and shards are deterministic.
+cluster. Sources go in largest first (discover.largest_first) and results come back in that order,
+so keys, dedup decisions and shards are deterministic.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curator.sandbox import Sandbox, SandboxError
 from curator.stages import caption, detect
-from curator.stages.discover import content_hash, discover, source_id
+from curator.stages.discover import content_hash, discover, largest_first, source_id
 from curator.stages.split import process_source
 from curator.stages.transnet import ShotDetector
 from curator.writer import OutputDir, read_jsonl
@@ -389,7 +390,7 @@ def curate(cfg: DictConfig, log=_print) -> dict | None:
     validate(cfg)
     sources = discover(cfg.input)
     out = OutputDir(cfg.output, cfg.writer.samples_per_shard, cfg.dedup.max_hamming if cfg.dedup.enabled else None)
-    todo = [s for s in sources if s not in out.done_sources]
+    todo = largest_first([s for s in sources if s not in out.done_sources])
     if not todo:
         log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
         return None

@@ -59,6 +59,14 @@ def curated(corpus, ray_local, tmp_path_factory):
     return out, summary, records, samples
 
 
+def test_the_run_took_the_largest_inputs_first(curated):
+    """The manifest is in the order the run took its inputs: by size, largest first, ties by path."""
+    out = curated[0]
+    taken = [(-(Path(r["source"]).stat().st_size if Path(r["source"]).exists() else -1), r["source"])
+             for r in read_jsonl(out / "manifest.jsonl")]
+    assert len({size for size, _ in taken}) > 5 and taken == sorted(taken)
+
+
 def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus):
     root, truth, expected = corpus
     out, summary, records, _ = curated
@@ -335,8 +343,8 @@ def test_the_log_says_how_far_a_long_source_is(tmp_path, synth_corpus, bikes, ra
     write_looped(bikes, inputs / "b_long.mp4", 6)  # 1500 frames: seconds of work
     lines = []
     curate(_cfg(inputs, tmp_path / "out", "progress_every_s=0.5"), log=lines.append)
-    long = next(i for i, line in enumerate(lines) if line.startswith("[2/2] b_long.mp4: "))
-    assert any(line.startswith("[1/2] a_short.mp4: ") for line in lines)
+    long = next(i for i, line in enumerate(lines) if line.startswith("[1/2] b_long.mp4: "))  # the larger first
+    assert any(line.startswith("[2/2] a_short.mp4: ") for line in lines)
     working = [(i, line) for i, line in enumerate(lines) if line.startswith("  ... b_long.mp4: frame ")]
     assert working and working[-1][0] < long, lines
     last = 0

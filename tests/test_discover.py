@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from curator.stages.discover import content_hash, discover, source_id
+from curator.stages.discover import content_hash, discover, largest_first, source_id
 
 
 @pytest.fixture
@@ -60,3 +60,12 @@ def test_the_source_id_depends_on_name_and_content_not_on_the_folder(tmp_path):
     assert ids[0] == ids[1] and ids[0].startswith("clip_one_") and "-" not in ids[0] and "." not in ids[0]
     b.write_bytes(b"other bytes")
     assert source_id(str(b), content_hash(str(b))) != ids[0]
+
+
+def test_a_run_takes_the_largest_files_first_ties_by_path_and_unreadable_ones_last(tmp_path):
+    sizes = {"a.mp4": 10, "b.mp4": 300, "c.mp4": 20, "d.mp4": 300, "e.mp4": 0}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    (tmp_path / "gone.mp4").symlink_to(tmp_path / "moved.mp4")
+    order = largest_first(discover(str(tmp_path)))
+    assert [Path(p).name for p in order] == ["b.mp4", "d.mp4", "c.mp4", "a.mp4", "e.mp4", "gone.mp4"]
