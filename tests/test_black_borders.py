@@ -179,27 +179,44 @@ def test_a_film_after_a_full_frame_title_card_is_scaled_for_its_bars(bikes, tmp_
     assert len(letterboxed) == 4 and all(254 <= c.height <= 272 for c in letterboxed)
 
 
-def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path):
-    """A 2.35:1 film letterboxed in 16:9 with its subtitles shown in the bottom bar, now and then."""
-    runs = {}
-    for subtitled in (False, True):
-        frames = []
-        for k, picture in enumerate(bikes_frames(bikes, 640, 272)):
-            a = np.zeros((360, 640, 3), np.uint8)
-            a[44:316] = picture
-            if subtitled and (10 <= k < 20 or 40 <= k < 60):
-                for x in range(200, 440, 14):  # letters' strokes in the bar, white
-                    a[330:346, x:x + 8] = 255
-            frames.append(a)
-        path = tmp_path / f"subtitled-{subtitled}.mp4"
-        _encode(path, frames, fps=25)
-        runs[subtitled] = process_source(str(path), "film", _cfg())
-    (record, clips), (_, plain) = runs[True], runs[False]
+SUBTITLED = {  # frames of bikes with a subtitle in the bottom bar
+    "now and then": [*range(10, 20), *range(40, 60)],
+    # through the whole second shot, as in a scene of dialogue: its clip's bar is never black (left
+    # as it was, subtitles and all, before the clips were told of the bars their source showed)
+    "through a shot": [*range(30, 76), *range(80, 100)],
+}
+
+
+@pytest.fixture(scope="module")
+def letterboxed_film(bikes, tmp_path_factory):
+    """bikes.mp4 as a 2.35:1 film letterboxed in 16:9, curated: the reference for the subtitled ones."""
+    return process_source(str(_letterboxed_film(bikes, [], tmp_path_factory.mktemp("film") / "film.mp4")),
+                          "film", _cfg())
+
+
+def _letterboxed_film(bikes, subtitled: list[int], path):
+    frames = []
+    for k, picture in enumerate(bikes_frames(bikes, 640, 272)):
+        a = np.zeros((360, 640, 3), np.uint8)
+        a[44:316] = picture
+        if k in subtitled:
+            for x in range(200, 440, 14):  # letters' strokes in the bar, white
+                a[330:346, x:x + 8] = 255
+        frames.append(a)
+    _encode(path, frames, fps=25)
+    return path
+
+
+@pytest.mark.parametrize("when", SUBTITLED)
+def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path, letterboxed_film, when):
+    """A 2.35:1 film letterboxed in 16:9 with its subtitles shown in the bottom bar."""
+    path = _letterboxed_film(bikes, SUBTITLED[when], tmp_path / "subtitled.mp4")
+    record, clips = process_source(str(path), "film", _cfg())
     assert record["shots"] == SHOTS
     kept = [c for c in clips if c.kept]
     assert len(kept) == 3 and all(c.scores["black_borders"][0] > 0 for c in kept)
     # Cropped as the film without subtitles is, to the same pictures (but for the source's coding).
-    plain_kept = [c for c in plain if c.kept]
+    plain_kept = [c for c in letterboxed_film[1] if c.kept]
     assert [c.scores["black_borders"] for c in kept] == [c.scores["black_borders"] for c in plain_kept]
     for clip, ref in zip(kept, plain_kept, strict=True):
         video, ref_video = _decoded(clip), _decoded(ref)
@@ -242,6 +259,14 @@ def test_dark_edges_that_are_picture_are_not_cropped(bikes):
     for f in frames:
         f[190:200, 100:220:3] = 235
     assert black_borders(frames) == (0, 0, 0, 0)
+    # Unless the clip's source showed bars that wide in its key frames: then they are captions, in
+    # every frame (a scene of dialogue), and go; not for bars of another width, nor with a line of
+    # picture in the bar.
+    assert black_borders(frames, source=(42, 42, 0, 0)) == (42, 42, 0, 0)
+    assert black_borders(frames, source=(26, 26, 0, 0)) == (0, 0, 0, 0)
+    assert black_borders(frames, source=(0, 0, 0, 0)) == (0, 0, 0, 0)
+    frames[2][180:182] = 200
+    assert black_borders(frames, source=(42, 42, 0, 0)) == (0, 0, 0, 0)
     # The picture between bars is at least a fifth of the frame, or they are no bars.
     assert black_borders([np.pad(p[60:76], ((40, 40), (0, 0)), constant_values=16) for p in pictures]) == (0, 0, 0, 0)
 
@@ -251,7 +276,7 @@ def test_a_small_picture_in_a_large_black_frame_is_scaled_up_at_most_three_times
     about a fifth of the frame's, but the frames are scaled for at most 3x the short side (1366x768),
     not for the whole picture (the whole 1080p frame, and a clip's frames decoded and scaled at it)."""
     from curator import media
-    from curator.stages.split import transcode_size
+    from curator.stages.split import transcode_framing
 
     frames = []
     for picture in bikes_frames(bikes, 1920, 240)[:16]:
@@ -263,4 +288,4 @@ def test_a_small_picture_in_a_large_black_frame_is_scaled_up_at_most_three_times
     cfg = _cfg()
     p = media.probe(str(path))
     assert p.dark_edges
-    assert transcode_size(str(path), p, cfg.transcode) == (1366, 768)
+    assert transcode_framing(str(path), p, cfg.transcode).size == (1366, 768)

@@ -145,20 +145,24 @@ def dark_edges(luma: np.ndarray) -> bool:
     return (black(bright[0]) and black(bright[-1])) or (black(bright[:, 0]) and black(bright[:, -1]))
 
 
-def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
+def black_borders(lumas: list[np.ndarray],
+                  source: tuple[int, int, int, int] | None = None) -> tuple[int, int, int, int]:
     """(top, bottom, left, right): lines to crop off a clip for black bars, from the luma (H, W)
     of some of its frames, even numbers (for yuv420p); zeros where it has none. A line is a bar
     where it is black in every frame given, counted in from the edge. Bars come in pairs (top and
     bottom, left and right) of about the same width, as a picture is centred in its frame: a dark
     sky, floor or screen at one edge is picture, and so is a dark band wider at one edge than at
     the other. Captions shown in one bar (a film's subtitles under its picture) leave that bar
-    black in some of the frames and sparse text in the others: it goes, as wide as the bar across
-    from it, captions and all. One more line goes with each bar, rounded up to even: the line that
-    the downscale blended of bar and picture."""
+    sparse text on black: it goes, as wide as the bar across from it, captions and all, where it
+    is black in some of the frames, or where `source` (the bars, in the same lines, that the
+    clip's source showed in its key frames) has a pair of bars that wide: the subtitles of a scene
+    of dialogue can be in every frame of its clip. One more line goes with each bar, rounded up to
+    even: the line that the downscale blended of bar and picture."""
     bright = np.stack(lumas) > BORDER_LUMA  # (T, H, W)
 
-    def pair(share: np.ndarray) -> tuple[int, int]:
-        """Bars at the two ends of the lines whose bright shares per frame are `share` (T, n)."""
+    def pair(share: np.ndarray, given: tuple[int, int] | None) -> tuple[int, int]:
+        """Bars at the two ends of the lines whose bright shares per frame are `share` (T, n), with
+        `given`: the source's bars at these ends, or None."""
         black = (share <= BORDER_SPECKS).all(0)  # (n,): black in every frame
         n = len(black)
         a, b = int(np.argmin(black)), int(np.argmin(black[::-1]))  # black lines in from each edge
@@ -167,8 +171,10 @@ def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
         if abs(a - b) > max(2, UNEVEN_BORDERS * max(a, b)):
             wide = max(a, b)
             other = share[:, n - wide:] if a > b else share[:, :wide]  # (T, wide): where the other bar would be
-            captions = (other <= CAPTION_LINE).all() and (other <= BORDER_SPECKS).all(1).any()
-            if not captions:
+            cleared = (other <= BORDER_SPECKS).all(1).any()  # a frame in which it is all black
+            as_given = given is not None and min(given) > 0 and \
+                abs((wide + 2) // 2 * 2 - given[0 if a > b else 1]) <= max(2, MIN_BORDER * n)
+            if not ((other <= CAPTION_LINE).all() and (cleared or as_given)):
                 return 0, 0
             a = b = wide
         elif min(a, b) < max(1, MIN_BORDER * n):
@@ -176,7 +182,7 @@ def black_borders(lumas: list[np.ndarray]) -> tuple[int, int, int, int]:
         a, b = (a + 2) // 2 * 2, (b + 2) // 2 * 2  # the blended line too, and even
         return (a, b) if n - a - b >= MIN_PICTURE * n else (0, 0)
 
-    return (*pair(bright.mean(2)), *pair(bright.mean(1)))
+    return (*pair(bright.mean(2), source and source[:2]), *pair(bright.mean(1), source and source[2:]))
 
 
 _ocr_engine = None

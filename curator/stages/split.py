@@ -18,6 +18,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import av
 import numpy as np
@@ -138,11 +139,12 @@ class Timeline:
 class _Splitter:
     """The online windowing state of one source; frames are pushed in decode order."""
 
-    def __init__(self, source_id: str, fps: float, out_fps: float, cfg, out_size: tuple[int, int], timings: dict,
+    def __init__(self, source_id: str, fps: float, out_fps: float, cfg, framing: Framing, timings: dict,
                  encoder: ClipEncoder):
         self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
         self.timeline = Timeline(fps)
-        self.out_size, self.timings, self.encoder = out_size, timings, encoder
+        self.out_size, self.source_bars = framing
+        self.timings, self.encoder = timings, encoder
         self.max_s = cfg.clips.max_s
         self.max_frames = max(1, round(self.max_s * fps))
         self.trim = cfg.clips.trim_frames
@@ -221,8 +223,8 @@ class _Splitter:
         t_start, t_last = frames[0].time_s, frames[-1].time_s  # on the Timeline
         t0 = time.perf_counter()
         short_side = self.cfg.transcode.short_side
-        crop = _Crop.of(frames, self.out_size, short_side) if self.cfg.transcode.crop_black_borders \
-            else _Crop(None, self.out_size, short_side)
+        crop = _Crop.of(frames, self.out_size, short_side, self.source_bars) \
+            if self.cfg.transcode.crop_black_borders else _Crop(None, self.out_size, short_side)
         small = crop(np.stack([f.small for f in frames]), 1)  # (T, h, w, 3): the picture, without bars
         scores = {**score.measure(small), **crop.scores()}
         w, h = crop.width, crop.height
@@ -274,7 +276,7 @@ class _Crop:
     sizes. Scaled, a border is rounded up, so that no bar is left in the analysis frames to darken
     the clip's scores. (`width`, `height`): the clip's size, that of its picture, scaled down to
     `short_side` where it is larger by more than OVERSIZE: a clip that does not show the bars its
-    source was scaled for (see transcode_size) comes out at the short side of every other clip."""
+    source was scaled for (see transcode_framing) comes out at the short side of every other clip."""
 
     def __init__(self, borders: tuple[int, int, int, int] | None, size: tuple[int, int], short_side: int):
         self.borders, self.size = borders, size
@@ -288,9 +290,12 @@ class _Crop:
             self.scaler = VideoReformatter()
 
     @classmethod
-    def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int], short_side: int) -> _Crop:
+    def of(cls, frames: list[media.DecodedFrame], size: tuple[int, int], short_side: int,
+           source_bars: tuple[int, int, int, int] | None = None) -> _Crop:
+        """The crop of a clip's `frames`, whose source showed `source_bars` (see Framing)."""
         picks = np.linspace(0, len(frames) - 1, min(len(frames), BORDER_SAMPLES)).round().astype(int)
-        return cls(score.black_borders([media.luma_plane(frames[i].frame) for i in picks]), size, short_side)
+        lumas = [media.luma_plane(frames[i].frame) for i in picks]
+        return cls(score.black_borders(lumas, source_bars), size, short_side)
 
     def scores(self) -> dict:
         if self.borders is None:
@@ -357,11 +362,19 @@ def resample_times(times: np.ndarray, end_s: float, out_fps: float) -> list[int]
 MAX_BAR_SCALE = 3.0  # at most this times the frames' short side for the picture's: 2.76:1 in a 9:16 frame
 
 
-def transcode_size(path: str, p: media.Probe, transcode) -> tuple[int, int]:
-    """The size a source's frames are scaled to: `transcode.short_side` on their short side, or on
-    the short side of the picture inside black bars that the source shows, so that a clip cropped
-    of its bars (see _Crop) keeps as many lines as one of a source without them: a 2.35:1 film in
-    1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106.
+class Framing(NamedTuple):
+    """How a source's frames are transcoded: at `size` (w, h), showing black `bars` (top, bottom,
+    left, right) in lines at that size in its key frames, or None where they show none."""
+
+    size: tuple[int, int]
+    bars: tuple[int, int, int, int] | None = None
+
+
+def transcode_framing(path: str, p: media.Probe, transcode) -> Framing:
+    """The Framing of a source's frames. Their size: `transcode.short_side` on their short side,
+    or on the short side of the picture inside black bars that the source shows, so that a clip
+    cropped of its bars (see _Crop) keeps as many lines as one of a source without them: a 2.35:1
+    film in 1080p comes out 602x256, not 456x192, and in a 9:16 phone frame not 256x106.
 
     Bars are looked for where the first frame's edges are black, or the middle key frame's (a
     film after a full-frame title card): in up to 8 key frames spread over the source, a seek and
@@ -369,24 +382,31 @@ def transcode_size(path: str, p: media.Probe, transcode) -> tuple[int, int]:
     clip may have one) show black edges, and are the lines black in all of these. Bars misread
     cost time, not picture or size: each clip is cropped of the bars it shows itself, and one that
     shows none is scaled down to `short_side` (a stretch filmed full frame, the title card, or a
-    dark key frame taken for bars)."""
+    dark key frame taken for bars). The bars come with the size, for a clip that shows one of them
+    clean and only sparse text where the other would be, in every frame: subtitles through a scene
+    of dialogue (see score.black_borders)."""
     size = media.even_size(p.width, p.height, transcode.short_side)
     if not transcode.crop_black_borders:
-        return size
+        return Framing(size)
     if not p.dark_edges:
         middle = media.sample_lumas(path, p, size, count=1)
         if not (middle and score.dark_edges(middle[0])):
-            return size
+            return Framing(size)
     lumas = media.sample_lumas(path, p, size)
     dark = [luma for luma in lumas if score.dark_edges(luma)]
     if not dark or 2 * len(dark) < len(lumas):
-        return size
-    top, bottom, left, right = score.black_borders(dark)
+        return Framing(size)
+    bars = score.black_borders(dark)
+    if not any(bars):
+        return Framing(size)
+    top, bottom, left, right = bars
     picture_short = min(size[0] - left - right, size[1] - top - bottom)
-    if picture_short >= min(size):
-        return size
-    scale = min(MAX_BAR_SCALE, min(size) / picture_short)
-    return media.even_size(p.width, p.height, round(transcode.short_side * scale))
+    out = size
+    if picture_short < min(size):
+        scale = min(MAX_BAR_SCALE, min(size) / picture_short)
+        out = media.even_size(p.width, p.height, round(transcode.short_side * scale))
+    return Framing(out, (round(top * out[1] / size[1]), round(bottom * out[1] / size[1]),
+                         round(left * out[0] / size[0]), round(right * out[0] / size[0])))
 
 
 def _source_limits(p: media.Probe, cfg) -> str | None:
@@ -420,12 +440,12 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
         return record, []
 
     out_fps = cfg.transcode.fps or p.filmed_fps
-    out_size = transcode_size(path, p, cfg.transcode)
+    framing = transcode_framing(path, p, cfg.transcode)
     detector = GivenBoundaries(**boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
     try:
         return _split(path, p, cfg, detector,
-                      _Splitter(source_id, p.fps, out_fps, cfg, out_size, timings, encoder), record)
+                      _Splitter(source_id, p.fps, out_fps, cfg, framing, timings, encoder), record)
     finally:
         encoder.close()
 
