@@ -104,6 +104,28 @@ def test_black_bars_are_cropped_off_every_clip_and_the_shots_are_found_through_t
     assert all("black_borders" not in c.scores for c in uncropped)
 
 
+def _letterboxed(bikes, path, frame=(640, 360), at=(0, 44), *, frames=250, gop=None, full_frame=(), subtitled=()):
+    """bikes.mp4's first `frames` frames (640x272) as a 2.35:1 film letterboxed in a `frame` (w, h)
+    with the picture's top-left corner `at`, but for the frames in `full_frame`, stretched to the
+    whole frame; with a subtitle in the bottom bar of a 640x360 frame in the frames in `subtitled`.
+    A key frame every `gop` frames (x264's default where None)."""
+    (fw, fh), (x, y) = frame, at
+    out = []
+    with av.open(str(bikes)) as c:
+        for k, f in zip(range(frames), c.decode(video=0), strict=False):
+            if k in full_frame:
+                out.append(f.to_ndarray(format="rgb24", width=fw, height=fh))
+                continue
+            a = np.zeros((fh, fw, 3), np.uint8)
+            a[y:y + 272, x:x + 640] = f.to_ndarray(format="rgb24")
+            if k in subtitled:
+                for s in range(200, 440, 14):  # letters' strokes in the bar, white
+                    a[330:346, s:s + 8] = 255
+            out.append(a)
+    _encode(path, out, fps=25, gop=gop)
+    return path
+
+
 @pytest.mark.parametrize("frame, at, gop", [((640, 360), (0, 44), 25), ((640, 1136), (0, 432), 25),
                                            ((640, 360), (0, 44), 250)])
 def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, gop, bikes, tmp_path):
@@ -111,15 +133,7 @@ def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, gop, 
     or only the first (a short clip as ffmpeg cuts it): its frames are scaled so that the picture,
     cropped of the bars, has the configured short side. Scaled to the whole frame's short side, its
     clips had 192 lines, and 106 in the phone frame; with one key frame, 192 until 3 were asked for."""
-    (fw, fh), (x, y) = frame, at
-    frames = []
-    with av.open(str(bikes)) as c:
-        for f in c.decode(video=0):
-            a = np.zeros((fh, fw, 3), np.uint8)
-            a[y:y + 272, x:x + 640] = f.to_ndarray(format="rgb24")
-            frames.append(a)
-    path = tmp_path / "letterboxed.mp4"
-    _encode(path, frames, fps=25, gop=gop)
+    path = _letterboxed(bikes, tmp_path / "letterboxed.mp4", frame, at, gop=gop)
     record, clips = process_source(str(path), "film", _cfg())
     assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
     kept = [c for c in clips if c.kept]
@@ -133,27 +147,11 @@ def test_bars_shown_throughout_a_source_cost_its_clips_no_lines(frame, at, gop, 
     assert min(record["out_width"], record["out_height"]) == 256
 
 
-def _letterboxed_but(bikes, full_frame: range, path):
-    """bikes.mp4 as a 2.35:1 film letterboxed in a 640x360 frame, but for the frames in `full_frame`,
-    shown full frame; a key frame a second."""
-    frames = []
-    with av.open(str(bikes)) as c:
-        for k, f in enumerate(c.decode(video=0)):
-            if k in full_frame:
-                frames.append(f.to_ndarray(format="rgb24", width=640, height=360))
-            else:
-                a = np.zeros((360, 640, 3), np.uint8)
-                a[44:316] = f.to_ndarray(format="rgb24")
-                frames.append(a)
-    _encode(path, frames, fps=25, gop=25)
-    return path
-
-
 def test_a_stretch_without_the_bars_the_key_frames_showed_keeps_all_its_picture(bikes, tmp_path):
     """Letterboxed, but for frames 160-186 filmed full frame, which no sampled key frame (a key frame
     a second, frames 0, 25, 75, ...) falls in: that stretch's clip keeps all its picture, uncropped,
     scaled down to the short side of the others (it came out larger, at the frames' size, before)."""
-    path = _letterboxed_but(bikes, range(160, 187), tmp_path / "mixed.mp4")
+    path = _letterboxed(bikes, tmp_path / "mixed.mp4", gop=25, full_frame=range(160, 187))
     record, clips = process_source(str(path), "film", _cfg())
     assert min(record["out_width"], record["out_height"]) > 256  # scaled for the picture inside the bars
     assert [160, 187] in record["shots"]  # the switch to full frame is a cut
@@ -170,7 +168,7 @@ def test_a_film_after_a_full_frame_title_card_is_scaled_for_its_bars(bikes, tmp_
     title card or a studio's logo would be: the first frame has picture at its edges, the middle key
     frame has bars. The letterboxed clips get their lines (192 before, the bars looked for only where
     the first frame had black edges), and the full-frame one keeps all its picture at 456x256."""
-    path = _letterboxed_but(bikes, range(0, 30), tmp_path / "titled.mp4")
+    path = _letterboxed(bikes, tmp_path / "titled.mp4", gop=25, full_frame=range(0, 30))
     record, clips = process_source(str(path), "film", _cfg())
     assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
     kept = {c.start_frame: c for c in clips if c.kept}
@@ -190,27 +188,14 @@ SUBTITLED = {  # frames of bikes with a subtitle in the bottom bar
 @pytest.fixture(scope="module")
 def letterboxed_film(bikes, tmp_path_factory):
     """bikes.mp4 as a 2.35:1 film letterboxed in 16:9, curated: the reference for the subtitled ones."""
-    return process_source(str(_letterboxed_film(bikes, [], tmp_path_factory.mktemp("film") / "film.mp4")),
-                          "film", _cfg())
-
-
-def _letterboxed_film(bikes, subtitled: list[int], path):
-    frames = []
-    for k, picture in enumerate(bikes_frames(bikes, 640, 272)):
-        a = np.zeros((360, 640, 3), np.uint8)
-        a[44:316] = picture
-        if k in subtitled:
-            for x in range(200, 440, 14):  # letters' strokes in the bar, white
-                a[330:346, x:x + 8] = 255
-        frames.append(a)
-    _encode(path, frames, fps=25)
-    return path
+    path = _letterboxed(bikes, tmp_path_factory.mktemp("film") / "film.mp4", frames=FRAMES)
+    return process_source(str(path), "film", _cfg())
 
 
 @pytest.mark.parametrize("when", SUBTITLED)
 def test_a_bar_with_subtitles_in_it_is_cropped_subtitles_and_all(bikes, tmp_path, letterboxed_film, when):
     """A 2.35:1 film letterboxed in 16:9 with its subtitles shown in the bottom bar."""
-    path = _letterboxed_film(bikes, SUBTITLED[when], tmp_path / "subtitled.mp4")
+    path = _letterboxed(bikes, tmp_path / "subtitled.mp4", frames=FRAMES, subtitled=SUBTITLED[when])
     record, clips = process_source(str(path), "film", _cfg())
     assert record["shots"] == SHOTS
     kept = [c for c in clips if c.kept]
