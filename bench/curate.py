@@ -10,6 +10,8 @@
    every input once with PyAV. Timed at 1x and 4x the corpus as well, so that the cost of a run
    that does not grow with the corpus (Ray's start and stop, the workers' start) stands apart from
    the throughput: the extra time of the 4x run over the 1x run, against the extra decoding.
+   Beside them, the stages' own seconds (summary.json, summed over the workers) divided by the
+   cores, against the floor: about the run's ratio if Ray and the workers' starts cost nothing.
 4. Memory: peak RSS of the whole curation process tree, 1x vs 4x the corpus, in runs of their own
    (the sampler's own CPU use stays out of the timed run).
 
@@ -239,6 +241,10 @@ def main() -> None:
     extra_vfm, extra_floor = t_vfm - t_vfm_one, t_floor - t_floor_one
     throughput_ratio = extra_vfm / extra_floor
     fixed_s = t_vfm - throughput_ratio * t_floor  # what the 4x run took beyond its share of throughput
+    # The stages' own seconds, summed over the workers and spread over the cores: about what the run
+    # would take with the cores busy all through and nothing else (no Ray, no worker starts). They
+    # are wall seconds in each worker, on cores shared with Ray's processes: a little above CPU time.
+    work_s = sum(summary["stage_seconds"].values()) / os.cpu_count()
     mem_ratio = rss_many / rss_one
     mem_label = f"peak RSS MiB, {args.repeat}x corpus vs 1x"
     extra_label = f"  of it, {args.repeat}x corpus minus 1x (vs the floor)"
@@ -251,6 +257,7 @@ def main() -> None:
 {'  of it, fixed cost of a run (s)':44s} {fixed_s:10.2f}
 {'    of that, Ray starting, stopping (s)':44s} {summary['last_run_ray_start_s']:10.2f} \
 {summary['last_run_ray_stop_s']:10.2f}
+{'  stage s / cores, no Ray (vs the floor)':44s} {work_s:10.2f} {t_floor:10.2f} {work_s / t_floor:7.2f}
 {mem_label:44s} {rss_many / 2**20:10.0f} {rss_one / 2**20:10.0f} {mem_ratio:7.2f}  flat
 vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
     print(json.dumps({
@@ -262,6 +269,7 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
         "curate_throughput_ratio_vs_decode_floor": round(throughput_ratio, 3),
         "curate_fixed_s": round(fixed_s, 2),
+        "stage_s_per_core_ratio_vs_decode_floor": round(work_s / t_floor, 3),
         "ray_start_s": summary["last_run_ray_start_s"], "ray_stop_s": summary["last_run_ray_stop_s"],
         "peak_rss_ratio_4x_vs_1x": round(mem_ratio, 3),
         "frames": frames,
