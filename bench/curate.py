@@ -271,7 +271,7 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "curate_fixed_s": round(fixed_s, 2),
         "stage_s_per_core_ratio_vs_decode_floor": round(work_s / t_floor, 3),
         "ray_start_s": summary["last_run_ray_start_s"], "ray_stop_s": summary["last_run_ray_stop_s"],
-        "peak_rss_ratio_4x_vs_1x": round(mem_ratio, 3),
+        f"peak_rss_ratio_{args.repeat}x_vs_1x": round(mem_ratio, 3),
         "frames": frames,
     }))
 
