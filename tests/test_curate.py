@@ -8,6 +8,8 @@ import json
 import random
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -379,14 +381,19 @@ def test_rerun_on_finished_output_does_nothing(curated, corpus):
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
+def _in_a_fresh_interpreter(script: str) -> str:
+    """The stdout of `script` run by a new Python in the repository, which must succeed."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def test_a_run_stops_the_local_ray_it_started_and_leaves_one_it_was_given(tmp_path, synth_corpus):
     """In a fresh interpreter: the first run starts a local instance and stops it itself (Ray's exit
     hook would first sleep), every process of it, without waiting out the autoscaler monitor's
     1 s grace (ray.shutdown alone: 1.35 s); a run inside an instance the caller started leaves it
     running."""
-    import subprocess
-    import sys
-
     media_dir, _ = synth_corpus
     (tmp_path / "in").mkdir()
     shutil.copy(media_dir / "fade.mp4", tmp_path / "in" / "fade.mp4")
@@ -407,11 +414,9 @@ ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 assert run("{tmp_path / 'b'}")["kept"] > 0
 print("after given instance:", ray.is_initialized())
 """
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "after own instance: False" in done.stdout and "after given instance: True" in done.stdout
-    start_s, stop_s = map(float, done.stdout.split("ray start, stop:")[1].split()[:2])
+    stdout = _in_a_fresh_interpreter(script)
+    assert "after own instance: False" in stdout and "after given instance: True" in stdout
+    start_s, stop_s = map(float, stdout.split("ray start, stop:")[1].split()[:2])
     assert start_s > 0 and stop_s < 1.0
 
 
@@ -420,9 +425,6 @@ def test_a_local_ray_starts_without_its_raylet_sleeping_a_second():
     reaches its object store in under 0.9 s of starting it, as the instance carries
     LOCAL_RAY_SYSTEM_CONFIG (Ray's default retry, 1 s apart, slept the second in about 4 of 10
     starts here)."""
-    import subprocess
-    import sys
-
     script = """
 import conf
 from curator.pipeline import ray_session
@@ -432,11 +434,9 @@ for _ in range(3):
         print("logs:", ray._private.worker._global_node.get_logs_dir_path())
         print("config:", ray._private.state.state.get_system_config()["raylet_client_connect_timeout_milliseconds"])
 """
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("config: 100") == 3
-    for logs in re.findall(r"logs: (\S+)", done.stdout):
+    stdout = _in_a_fresh_interpreter(script)
+    assert stdout.count("config: 100") == 3
+    for logs in re.findall(r"logs: (\S+)", stdout):
         stamps = {}
         for line in (Path(logs) / "raylet.out").read_text(errors="replace").splitlines():
             for event in ("Starting object store", "ObjectManager server started"):
