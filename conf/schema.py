@@ -34,7 +34,8 @@ class AdaptiveDetectorConfig:
     min_content: float = 15.0  # and the raw score must be at least this
     window: int = 2  # neighbours on each side in that mean
     # A cut this soon after the previous one is not taken (a flash, a wipe), in seconds so that it
-    # means the same at 6 fps (an animated GIF, a timelapse) as at 120: 8 frames at 25 fps.
+    # means the same at 6 fps (an animated GIF, a timelapse) as at 120: 8 frames at 25 fps. The
+    # first cut is taken at any frame: a source may start anywhere in a shot.
     min_shot_s: float = 0.3
 
 

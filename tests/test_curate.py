@@ -126,6 +126,30 @@ def test_a_short_shot_in_a_low_frame_rate_gif_is_a_shot_of_its_own(tmp_path):
     assert record["shots"] == [[0, 9], [9, 15], [15, 24]]
 
 
+def _bikes_from(bikes: Path, start: int, path: Path) -> Path:
+    """bikes.mp4 from frame `start` on, re-encoded: its cuts come `start` frames earlier."""
+    with av.open(str(bikes)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)][start:]  # (272, 640, 3) each
+    _encode(path, frames, fps=25)
+    return path
+
+
+@pytest.mark.parametrize("start", [75, 72])
+def test_a_source_that_starts_a_few_frames_before_a_cut_keeps_no_frame_of_the_shot_before(bikes, tmp_path, start):
+    """A recording cut out of a longer one (a stream copy from a time, a download's first seconds)
+    can open with the last frames of a shot. Its first cut is found however early it comes, so that
+    those frames are a shot of their own, dropped as too short, rather than a flash glued to the
+    start of the next clip."""
+    path = _bikes_from(bikes, start, tmp_path / f"from_{start}.mp4")
+    record, _ = process_source(str(path), "late", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok", record["error"]
+    first = 76 - start
+    assert record["scene_cuts"] == [c - start for c in (76, 137, 187, 242)]
+    assert record["shots"][0] == [0, first]
+    kept = [c for c in record["clips"] if c["kept"]]
+    assert len(kept) == 3 and all(c["start_frame"] >= first for c in kept)
+
+
 def test_detection_over_many_videos_answers_in_input_order_whatever_order_they_ran_in(corpus, bikes, tmp_path):
     """detect_many starts the largest files first; each answer still lands at its input's place,
     and a file that cannot be read answers with its error."""
@@ -704,11 +728,14 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     shutil.copy(bikes, inputs / "bikes.mp4")
     (inputs / "broken.mp4").write_bytes(b"\x00" * 1000)
     blend_start, blend_end = write_dissolve(inputs / "dissolve.mp4")
+    _bikes_from(bikes, 72, inputs / "late.mp4")
     out = tmp_path / "out"
     summary = curate(_cfg(inputs, out, "detector=transnetv2"), log=lambda *_: None)
     records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
     assert records["bikes.mp4"]["scene_cuts"] == [30, 76, 137, 187, 242]
     assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
+    # A source that opens 4 frames before a cut: that cut too, however early.
+    assert records["late.mp4"]["scene_cuts"] == [4, 65, 115, 170]
     assert records["broken.mp4"]["status"] == "error" and "shot detection" in records["broken.mp4"]["error"]
     # The dissolve is a shot of its own, about where it is; its clip is dropped and no kept clip
     # shows a blended frame (the model's edges may be a frame off: float sums differ by CPU).

@@ -84,13 +84,15 @@ class AdaptiveDetector:
         self._prev: np.ndarray | None = None
         self._box = PictureBox()
         self._next = 1  # the next frame to decide; frame 0 starts the first shot anyway
-        self._last_cut = 0
+        # A source may start anywhere in a shot (a recording cut out of a longer one), so its first
+        # cut can come at any frame: the frames before it are a shot of their own, too short to keep.
+        self._last_cut = -min_shot_frames
         self._dark_start: int | None = None
         self._dark_entered_by_cut = False
 
     def _is_cut(self, i: int) -> bool:
         w = self.window
-        neighbours = self.scores[max(0, i - w):i] + self.scores[i + 1:i + 1 + w]
+        neighbours = self.scores[max(1, i - w):i] + self.scores[i + 1:i + 1 + w]  # frame 0 has no score
         mean = max(sum(neighbours) / max(len(neighbours), 1), 1e-3)
         score = self.scores[i]
         return (score >= self.min_content and score / mean >= self.threshold

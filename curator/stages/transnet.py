@@ -41,9 +41,10 @@ def _load(device: str | None = None):
 
 def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: int) -> list[int]:
     """Frames that start a new shot: the first frame after each run of frames predicted to be a
-    transition, at least `min_shot_frames` after the previous cut."""
+    transition, at least `min_shot_frames` after the previous cut. The first cut may come at any frame:
+    a source may start anywhere in a shot."""
     hot = pred > threshold
-    cuts, last = [], 0
+    cuts, last = [], -min_shot_frames
     for i in range(1, len(hot)):
         if hot[i - 1] and not hot[i] and i - last >= min_shot_frames:
             cuts.append(i)
