@@ -150,6 +150,20 @@ def test_a_source_that_starts_a_few_frames_before_a_cut_keeps_no_frame_of_the_sh
     assert len(kept) == 3 and all(c["start_frame"] >= first for c in kept)
 
 
+def test_the_first_frames_are_weighed_against_real_neighbours_only():
+    """Frame 0 has no score (there is no frame before it). Counted as a neighbour of frames 1 and 2
+    as 0, it made an exposure settling at the start of a recording stand out as a cut."""
+    from curator.stages.detect import AdaptiveDetector
+
+    detector = AdaptiveDetector()
+    # Grey frames brightening by 25 levels, then by 11 a frame: scores 25, 11, 11, ... (mean of
+    # 11 and 11 around frame 1: a ratio of 2.3, under the threshold of 3; with a 0 in the mean, 3.4).
+    levels = [100, 125, 136, 147, 158, 169, 180]
+    cuts = [c for v in levels for c in detector.push(np.full((36, 64, 3), v, np.uint8))] + detector.flush()
+    assert detector.scores[1:3] == [25.0, 11.0]
+    assert cuts == []
+
+
 def test_detection_over_many_videos_answers_in_input_order_whatever_order_they_ran_in(corpus, bikes, tmp_path):
     """detect_many starts the largest files first; each answer still lands at its input's place,
     and a file that cannot be read answers with its error."""
