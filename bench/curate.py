@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 SHARED = REPO.parent / "shared" / "media" / "pyscenedetect"
 SHORT_SIDE = 256
+SPLICED_FROM = ("bikes.mp4", "testvideo.mp4")  # constant rate: their golden cuts are decoded frame numbers
+SPLICED_SHOTS = 40
 
 
 def ground_truth() -> dict[str, dict]:
@@ -130,19 +132,19 @@ def accuracy(truth: dict) -> tuple[list[str], dict]:
     return rows, {who: f1(*c) for who, c in totals.items()}
 
 
-def spliced(truth: dict, folder: Path, films: int = 3, shots: int = 40) -> dict[str, dict]:
-    """Films spliced at random (seeded) from the known shots of the ground truth's constant-rate
-    clips, a hard cut at every join, so that the cuts are known exactly: `shots` pieces each, of 10
-    to 40 frames taken from inside a shot (2 frames clear of its cuts), two neighbours never from
-    the same shot, all at 480x270 and 25 fps. Pieces shorter than 15 frames are shots that
-    PySceneDetect's default minimum scene length (15 frames) does not take."""
+def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS) -> dict[str, dict]:
+    """Films spliced at random (seeded) from the known shots of SPLICED_FROM, a hard cut at every
+    join, so that the cuts are known exactly: `shots` pieces each, of 10 to 40 frames taken from
+    inside a shot (2 frames clear of its cuts), two neighbours never from the same shot, all at
+    480x270 and 25 fps. Pieces shorter than 15 frames are shots that PySceneDetect's default
+    minimum scene length (15 frames) does not take."""
     import random
 
     import av
 
     from curator.media import encode_clip
 
-    sources = [t for name, t in truth.items() if name in ("bikes.mp4", "testvideo.mp4")]  # decode order = truth
+    sources = [t for name, t in truth.items() if name in SPLICED_FROM]
     pieces = []  # (frames as yuv420p 480x270, [start, end) of each shot in them)
     for t in sources:
         with av.open(t["path"]) as c:
@@ -258,8 +260,8 @@ def main() -> None:
         tmp = Path(tmp)
         films = spliced(truth, tmp)
         _, acc_spliced = accuracy(films)
-        print(f"\nSpliced films, {len(films)} of 40 shots of 10 to 40 frames from the known shots of "
-              f"{', '.join(n for n in truth if n in ('bikes.mp4', 'testvideo.mp4'))}, "
+        print(f"\nSpliced films, {len(films)} of {SPLICED_SHOTS} shots of 10 to 40 frames from the known shots of "
+              f"{', '.join(n for n in truth if n in SPLICED_FROM)}, "
               f"{sum(len(f['cuts']) for f in films.values())} cuts (±1 frame):")
         print(f"  {'overall':26s} {overall(acc_spliced)}")
         one = stage(corpus(), tmp / "x1", 1)
