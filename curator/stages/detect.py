@@ -245,26 +245,20 @@ def _detect_one(args) -> dict:
 
 def detect_many(paths: list[str], cfg, workers: int = 1) -> list[dict]:
     """detect_file over many videos, `workers` at once in separate processes, results in order.
-    The largest files go first, so that no long video starts last while the other workers idle."""
+    The largest files go first (as a run takes them: discover.largest_first), so that no long video
+    starts last while the other workers idle."""
     import concurrent.futures as cf
-    import os
 
     from omegaconf import OmegaConf
 
+    from curator.stages.discover import largest_first
+
     if workers <= 1:
         return [_detect_one((p, cfg, 0)) for p in paths]
-
-    def size(p: str) -> int:
-        try:
-            return os.path.getsize(p)
-        except OSError:  # missing or unreadable: its job reports why
-            return 0
-
     own = OmegaConf.create(OmegaConf.to_container(cfg))  # detached from the whole config it came in
     with cf.ProcessPoolExecutor(workers) as pool:
-        futures = {i: pool.submit(_detect_one, (paths[i], own, 1))
-                   for i in sorted(range(len(paths)), key=lambda i: -size(paths[i]))}
-        return [futures[i].result() for i in range(len(paths))]
+        futures = {p: pool.submit(_detect_one, (p, own, 1)) for p in largest_first(list(dict.fromkeys(paths)))}
+        return [futures[p].result() for p in paths]
 
 
 if __name__ == "__main__":
