@@ -4,7 +4,8 @@
    the ground truth (bikes.mp4's known cuts; PySceneDetect's golden cuts for its test clips),
    precision/recall/F1 within ±1 frame (by presentation time for variable frame rate). Beside
    them, films spliced from those clips' known shots at random, with cuts known by construction:
-   many more cuts, and shots shorter than the test clips have.
+   many more cuts, and shots shorter than the test clips have; and the same films with flashes
+   (a camera flash, a white frame) inside shots, which are no cuts.
 2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
    processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
 3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
@@ -132,12 +133,14 @@ def accuracy(truth: dict) -> tuple[list[str], dict]:
     return rows, {who: f1(*c) for who, c in totals.items()}
 
 
-def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS) -> dict[str, dict]:
+def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS,
+            flashes: bool = False) -> dict[str, dict]:
     """Films spliced at random (seeded) from the known shots of SPLICED_FROM, a hard cut at every
     join, so that the cuts are known exactly: `shots` pieces each, of 10 to 40 frames taken from
     inside a shot (2 frames clear of its cuts), two neighbours never from the same shot, all at
     480x270 and 25 fps. Pieces shorter than 15 frames are shots that PySceneDetect's default
-    minimum scene length (15 frames) does not take."""
+    minimum scene length (15 frames) does not take. With `flashes`, the same films with a flash
+    in the middle of every other piece of 20 frames or more (see add_flashes): no cut more."""
     import random
 
     import av
@@ -161,10 +164,37 @@ def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOT
             start = rng.randint(a + 2, b - 2 - length)
             cuts += [len(film)] if film else []
             film += frames[start:start + length]
-        path = folder / f"spliced_{k}.mp4"
+        count = 0
+        if flashes:
+            film, count = add_flashes(film, cuts, random.Random(1000 + k))
+        path = folder / f"spliced_{k}{'_flashes' if flashes else ''}.mp4"
         path.write_bytes(encode_clip(film, 25, crf=18, preset="veryfast"))
-        out[path.name] = {"path": str(path), "cuts": cuts}
+        out[path.name] = {"path": str(path), "cuts": cuts, "flashes": count}
     return out
+
+
+FLASH_FRAMES = (1, 3)  # a flash lasts from this many frames to this many
+FLASH_LEVELS = (90, 255)  # levels added to every channel: a camera flash, or a white frame
+
+
+def add_flashes(film: list, cuts: list[int], rng) -> tuple[list, int]:
+    """(the film with a flash of FLASH_FRAMES frames, FLASH_LEVELS brighter, in the middle of
+    every other shot of 20 frames or more, 8 frames or more clear of its cuts; how many)."""
+    import av
+    import numpy as np
+
+    film, count = list(film), 0
+    edges = [0, *cuts, len(film)]
+    for a, b in zip(edges, edges[1:], strict=False):
+        if b - a < 20 or rng.random() < 0.5:
+            continue
+        length, add = rng.randint(*FLASH_FRAMES), rng.choice(FLASH_LEVELS)
+        start = rng.randint(a + 8, b - 8 - length)
+        for i in range(start, start + length):
+            rgb = np.clip(film[i].to_ndarray(format="rgb24").astype(np.int16) + add, 0, 255).astype(np.uint8)
+            film[i] = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+        count += 1
+    return film, count
 
 
 def overall(acc: dict) -> str:
@@ -264,6 +294,12 @@ def main() -> None:
               f"{', '.join(n for n in truth if n in SPLICED_FROM)}, "
               f"{sum(len(f['cuts']) for f in films.values())} cuts (±1 frame):")
         print(f"  {'overall':26s} {overall(acc_spliced)}")
+        flashed = spliced(truth, tmp, flashes=True)
+        _, acc_flashes = accuracy(flashed)
+        count = sum(f["flashes"] for f in flashed.values())
+        print(f"\nThe same films with {count} flashes of {FLASH_FRAMES[0]} to {FLASH_FRAMES[1]} frames "
+              f"(+{FLASH_LEVELS[0]} levels, or white) inside shots: no cut more (±1 frame):")
+        print(f"  {'overall':26s} {overall(acc_flashes)}")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -316,6 +352,8 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "pyscenedetect_f1": round(acc["pyscenedetect"][2], 4),
         "spliced_f1": round(acc_spliced["ours"][2], 4),
         "spliced_pyscenedetect_f1": round(acc_spliced["pyscenedetect"][2], 4),
+        "flashes_f1": round(acc_flashes["ours"][2], 4),
+        "flashes_pyscenedetect_f1": round(acc_flashes["pyscenedetect"][2], 4),
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),

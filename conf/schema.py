@@ -37,6 +37,9 @@ class AdaptiveDetectorConfig:
     # means the same at 6 fps (an animated GIF, a timelapse) as at 120: 8 frames at 25 fps. The
     # first cut is taken at any frame: a source may start anywhere in a shot.
     min_shot_s: float = 0.3
+    # A change of picture that comes back within this long (a camera flash, lightning, a white
+    # frame: 3 frames at 25 fps) starts no shot, however much it stands out; 0 takes them as cuts.
+    flash_s: float = 0.12
 
 
 @dataclass

@@ -150,6 +150,33 @@ def test_a_source_that_starts_a_few_frames_before_a_cut_keeps_no_frame_of_the_sh
     assert len(kept) == 3 and all(c["start_frame"] >= first for c in kept)
 
 
+def test_a_flash_inside_a_shot_starts_no_shot(bikes, tmp_path):
+    """A camera flash, lightning or a white frame changes the picture as much as a cut, going in
+    and coming out again, but the picture after it is the one before it. bikes.mp4 with a 3-frame
+    flash, a black frame (a capture's dropped frame), a white frame in fast motion, a strobe, and
+    its fourth shot made a night scene with lightning in it keeps its own five cuts. Taken as cuts
+    (detector.flash_s=0), the same flashes split its shots."""
+    with av.open(str(bikes)) as c:
+        frames = [f.to_ndarray(format="rgb24").astype(np.float32) for f in c.decode(video=0)]  # (272, 640, 3)
+    for i in range(137, 187):
+        frames[i] *= 0.06  # a dark shot: a dark run of its own, entered and left by a cut
+    for i in (40, 41, 42, 160, 170, 171, 200, 208, 216, 224):
+        frames[i] += 120 if 137 <= i < 187 else 90
+    frames[100] *= 0
+    frames[115] += 255
+    path = tmp_path / "flashes.mp4"
+    _encode(path, [np.clip(f, 0, 255).astype(np.uint8) for f in frames], fps=25)
+
+    record, _ = process_source(str(path), "flashes", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok", record["error"]
+    assert record["scene_cuts"] == [30, 76, 137, 187, 242]
+    assert [s for s, _ in record["shots"][1:]] == [30, 76, 137, 187, 242]
+    assert [c["reason"].split(":")[0] for c in record["clips"] if not c["kept"]] == ["too_dark", "too_short"]
+
+    as_cuts, _ = process_source(str(path), "flashes", _cfg(tmp_path, tmp_path / "out0", "detector.flash_s=0"))
+    assert {s for s, _ in as_cuts["shots"]} > {0, 30, 76, 137, 187, 242}
+
+
 def test_the_first_frames_are_weighed_against_real_neighbours_only():
     """Frame 0 has no score (there is no frame before it). Counted as a neighbour of frames 1 and 2
     as 0, it made an exposure settling at the start of a recording stand out as a cut."""
@@ -533,6 +560,8 @@ def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
     for detector in ("adaptive", "transnetv2"):
         with pytest.raises(ValueError, match="detector.min_shot_s"):
             curate(_cfg(media_dir, tmp_path / "o", f"detector={detector}", "detector.min_shot_s=-0.1"))
+    with pytest.raises(ValueError, match="detector.flash_s"):
+        curate(_cfg(media_dir, tmp_path / "o", "detector.flash_s=-0.1"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         curate(_cfg(tmp_path / "missing", tmp_path / "o"))
     assert not (tmp_path / "o").exists()

@@ -455,7 +455,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     timings, encoder = record["timings"], splitter.encoder
     splitter.in_transition = 0 in detector.transition_starts  # a fade in from the first frame
     small_size = media.analysis_size(p.width, p.height, cfg.detector.get("analysis_width", 64))
-    lookahead = getattr(detector, "window", 0)
+    lookahead = getattr(detector, "lookahead", 0)  # frames its decisions lag behind
     n = 0
     times: list[float] = []
     warnings = []
