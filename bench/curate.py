@@ -4,8 +4,9 @@
    the ground truth (bikes.mp4's known cuts; PySceneDetect's golden cuts for its test clips),
    precision/recall/F1 within ±1 frame (by presentation time for variable frame rate). Beside
    them, films spliced from those clips' known shots at random, with cuts known by construction:
-   many more cuts, and shots shorter than the test clips have; and the same films with flashes
-   (a camera flash, a white frame) inside shots, which are no cuts.
+   many more cuts, and shots shorter than the test clips have; the same films with flashes (a
+   camera flash, a white frame) inside shots, which are no cuts; and the same films at 60 fps by
+   repeating frames, as a frame rate conversion does.
 2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
    processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
 3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
@@ -134,13 +135,15 @@ def accuracy(truth: dict) -> tuple[list[str], dict]:
 
 
 def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS,
-            flashes: bool = False) -> dict[str, dict]:
+            flashes: bool = False, fps: int = 25) -> dict[str, dict]:
     """Films spliced at random (seeded) from the known shots of SPLICED_FROM, a hard cut at every
     join, so that the cuts are known exactly: `shots` pieces each, of 10 to 40 frames taken from
     inside a shot (2 frames clear of its cuts), two neighbours never from the same shot, all at
     480x270 and 25 fps. Pieces shorter than 15 frames are shots that PySceneDetect's default
     minimum scene length (15 frames) does not take. With `flashes`, the same films with a flash
-    in the middle of every other piece of 20 frames or more (see add_flashes): no cut more."""
+    in the middle of every other piece of 20 frames or more (see add_flashes): no cut more. At
+    an `fps` above 25, each frame repeated as a frame rate conversion repeats it (2 or 3 times for
+    60): the same cuts, at the first frame that shows each."""
     import random
 
     import av
@@ -167,8 +170,11 @@ def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOT
         count = 0
         if flashes:
             film, count = add_flashes(film, cuts, random.Random(1000 + k))
-        path = folder / f"spliced_{k}{'_flashes' if flashes else ''}.mp4"
-        path.write_bytes(encode_clip(film, 25, crf=18, preset="veryfast"))
+        if fps != 25:
+            film = [film[j * 25 // fps] for j in range(len(film) * fps // 25)]
+            cuts = [-(-c * fps // 25) for c in cuts]  # the first frame j with j * 25 // fps >= c
+        path = folder / f"spliced_{k}{'_flashes' if flashes else ''}_{fps}.mp4"
+        path.write_bytes(encode_clip(film, fps, crf=18, preset="veryfast"))
         out[path.name] = {"path": str(path), "cuts": cuts, "flashes": count}
     return out
 
@@ -300,6 +306,11 @@ def main() -> None:
         print(f"\nThe same films with {count} flashes of {FLASH_FRAMES[0]} to {FLASH_FRAMES[1]} frames "
               f"(+{FLASH_LEVELS[0]} levels, or white) inside shots: no cut more (±1 frame):")
         print(f"  {'overall':26s} {overall(acc_flashes)}")
+        repeated = spliced(truth, tmp, fps=60)
+        _, acc_repeated = accuracy(repeated)
+        print("\nThe same films at 60 fps, each frame repeated 2 or 3 times as a frame rate conversion does "
+              "(±1 frame):")
+        print(f"  {'overall':26s} {overall(acc_repeated)}")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -354,6 +365,8 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "spliced_pyscenedetect_f1": round(acc_spliced["pyscenedetect"][2], 4),
         "flashes_f1": round(acc_flashes["ours"][2], 4),
         "flashes_pyscenedetect_f1": round(acc_flashes["pyscenedetect"][2], 4),
+        "repeated_60fps_f1": round(acc_repeated["ours"][2], 4),
+        "repeated_60fps_pyscenedetect_f1": round(acc_repeated["pyscenedetect"][2], 4),
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
