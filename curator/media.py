@@ -376,7 +376,7 @@ def crop_yuv420p(frame: av.VideoFrame, top: int, bottom: int, left: int, right: 
 def decode(path: str, probe_: Probe, small_size: tuple[int, int],
            out_size: tuple[int, int] | None, fast: bool = False, threads: int = 0,
            damage: Damage | None = None, quality_every: int = 0,
-           quality_short_side: int = 480) -> Iterator[DecodedFrame]:
+           quality_short_side: int = 480, short_side: int | None = None) -> Iterator[DecodedFrame]:
     """Decode the source once, yielding every frame as an analysis frame and (if `out_size`) a
     transcode frame. Sizes are (width, height) after rotation. The analysis frame is scaled from
     the transcode frame, so the full-size frame is scaled only once. `fast` skips H.264's
@@ -385,7 +385,11 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     `damage`, if given, counts what a damaged file cost. Every `quality_every`-th frame (none for 0)
     also comes as luma for a quality score, scaled from the decoded frame to a short side of
     `quality_short_side` at most (never up): detail that the transcode size no longer has, and in
-    which a blurred or noisy source shows."""
+    which a blurred or noisy source shows. A stream can change shape part-way (recordings joined
+    end to end, a broadcast switching between SD and HD): given `short_side`, frames of another
+    shape than the first come at a transcode size of their own, with that short side, rather than
+    stretched to `out_size` (not where the source needs FFmpeg filters: those are set up for one
+    size; there they are stretched, and say so)."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
@@ -411,19 +415,28 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
         frames = decoded_frames(container, stream, damage or Damage())
-        if out_size is not None:
-            specs = _filters(probe_, *pre(out_size))
-            if specs:
-                frames = _filtered(frames, stream, specs)
+        specs = _filters(probe_, *pre(out_size)) if out_size is not None else []
+        if specs:
+            frames = _filtered(frames, stream, specs)
         # The source's start: the container's earliest timestamp, over all streams.
         origin = container.start_time / av.time_base if container.start_time is not None else None
         index = 0
         first_aspect = None  # a stream can change size part-way (a recording across a switch)
+        own_sizes: dict[tuple[int, int], tuple[int, int]] = {}  # stored size -> its transcode size, before rotation
         try:
             for frame, damaged in frames:
                 stored = (frame.width, frame.height)
                 first_aspect = first_aspect or frame.width / frame.height
                 stretched = abs(frame.width / frame.height / first_aspect - 1) > 0.02
+                ow, oh = pre(out_size) if out_size is not None else (0, 0)
+                if stretched and short_side and out_size is not None and not specs:
+                    if stored not in own_sizes:
+                        # The new shape's pixel aspect: the decoder has read the parameter sets
+                        # that came with it by the time it gives out its first frame.
+                        sar = stream.codec_context.sample_aspect_ratio
+                        sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
+                        own_sizes[stored] = even_size(max(1, round(frame.width * sar)), frame.height, short_side)
+                    (ow, oh), stretched = own_sizes[stored], False
                 out, luma = None, None
                 if quality_every and index % quality_every == 0:
                     k = min(1.0, quality_short_side / min(frame.width, frame.height))
@@ -432,7 +445,6 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                                             interpolation="AREA", threads=scale_threads).to_ndarray()  # (h, w)
                     luma = np.ascontiguousarray(np.rot90(luma, rot // 90)) if rot else luma
                 if out_size is not None:
-                    ow, oh = pre(out_size)
                     frame = out = to_out.reformat(frame, width=ow, height=oh, format="yuv420p",
                                                   interpolation="AREA", src_color_range=frame.color_range,
                                                   dst_colorspace=Colorspace.ITU601,

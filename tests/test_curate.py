@@ -21,6 +21,7 @@ import webdataset as wds
 from omegaconf import OmegaConf
 from vfm_testmedia import (
     _encode,
+    _moving,
     write_bad_and_odd_inputs,
     write_browser_webm,
     write_dissolve,
@@ -237,7 +238,7 @@ def test_detection_over_many_videos_answers_in_input_order_whatever_order_they_r
 
 def test_filters_drop_with_reasons(curated, corpus):
     _, truth, _ = corpus
-    _, summary, records, _ = curated
+    _, summary, records, samples = curated
     static = records["static.mp4"]["clips"]
     assert static[0]["reason"].startswith("static") and static[1]["kept"]
     dark = records["dark.mp4"]["clips"]
@@ -245,11 +246,14 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert records["one_frame.mp4"]["clips"][0]["reason"].startswith("too_short")
     strip = records["strip.mp4"]["clips"]
     assert strip and all(c["reason"].startswith("low_resolution") for c in strip)
-    # Frames of another shape than the first would come out stretched: their clips go, with the reason.
+    # Frames of another shape than the first come out at a size of their own, not stretched to the first's.
     changed = records["size_change.ts"]
     assert changed["warning"].startswith("frame size changed from 96x64 to 64x64 at frame 48; ")
-    assert [c["kept"] for c in changed["clips"]] == [True, False]
-    assert changed["clips"][1]["start_frame"] >= 48 and changed["clips"][1]["reason"].startswith("size_change")
+    assert [c["kept"] for c in changed["clips"]] == [True, True] and changed["clips"][1]["start_frame"] >= 48
+    assert [(c["width"], c["height"]) for c in changed["clips"]] == [(96, 64), (64, 64)]
+    mp4 = next(s["mp4"] for s in samples if s["__key__"] == changed["clips"][1]["key"])
+    with av.open(io.BytesIO(mp4)) as c:
+        assert (c.streams.video[0].width, c.streams.video[0].height) == (64, 64)
     # Its two segments each start their clock at 1.4 s, as MPEG-TS does: times count from the file's
     # start, and on from the first segment's end rather than back.
     assert "clock jumps at 1 point(s), first by -1.96 s at frame 48" in changed["warning"]
@@ -265,6 +269,25 @@ def test_filters_drop_with_reasons(curated, corpus):
     for reason in ("static", "too_dark", "too_short"):
         assert summary["drop_reasons"][reason] >= 1
     assert summary["kept"] + summary["dropped"] == summary["clips"]
+
+
+def test_each_shape_of_a_stream_comes_out_at_its_own_size_and_pixel_aspect(tmp_path):
+    """Two recordings joined end to end, the second stored 64x64 with 2:1 pixels (shown 128x64, as
+    a broadcast's SD part is shown wider than stored): its clip is 128x64, not stretched to the
+    first's 96x64 or squeezed to its stored 64x64."""
+    from fractions import Fraction
+
+    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
+        _encode(tmp_path / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar)
+    path = tmp_path / "joined.ts"
+    path.write_bytes((tmp_path / "part0.ts").read_bytes() + (tmp_path / "part1.ts").read_bytes())
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32"])
+    record, clips = process_source(str(path), "joined", cfg)
+    assert record["status"] == "ok" and record["warning"].startswith("frame size changed from 96x64 to 64x64")
+    kept = [c for c in clips if c.kept]
+    assert [(c.width, c.height) for c in kept] == [(96, 64), (128, 64)] and kept[1].start_frame >= 48
+    with av.open(io.BytesIO(kept[1].mp4)) as c:
+        assert (c.streams.video[0].width, c.streams.video[0].height) == (128, 64)
 
 
 def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):

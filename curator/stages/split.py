@@ -206,12 +206,13 @@ class _Splitter:
         self.fade_in = False
         # A damaged stretch of the file (see media.decoded_frames) is a clip of its own, dropped,
         # so that the undamaged frames on either side still make clips; a jump of the clock ends a
-        # clip; and so does `clips.max_s` of time (a shot's last stretch, cut at its boundary rather
-        # than by push, can run longer at a variable rate).
+        # clip, and so does a change of the stream's shape (each shape has its own size, see
+        # media.decode); and so does `clips.max_s` of time (a shot's last stretch, cut at its
+        # boundary rather than by push, can run longer at a variable rate).
         runs: list[list[media.DecodedFrame]] = []
         for f in frames:
             if (runs and f.damaged == runs[-1][-1].damaged and f.index not in self.timeline.break_at
-                    and f.time_s - runs[-1][0].time_s < self.max_s):
+                    and _size(f) == _size(runs[-1][-1]) and f.time_s - runs[-1][0].time_s < self.max_s):
                 runs[-1].append(f)
             else:
                 runs.append([f])
@@ -223,8 +224,12 @@ class _Splitter:
         t_start, t_last = frames[0].time_s, frames[-1].time_s  # on the Timeline
         t0 = time.perf_counter()
         short_side = self.cfg.transcode.short_side
-        crop = _Crop.of(frames, self.out_size, short_side, self.source_bars) \
-            if self.cfg.transcode.crop_black_borders else _Crop(None, self.out_size, short_side)
+        # A stretch of the stream in another shape than its first has a size of its own, and the
+        # bars found in the source's key frames are not its own.
+        size = _size(frames[0]) or self.out_size
+        bars = self.source_bars if size == self.out_size else None
+        crop = _Crop.of(frames, size, short_side, bars) \
+            if self.cfg.transcode.crop_black_borders else _Crop(None, size, short_side)
         small = crop(np.stack([f.small for f in frames]), 1)  # (T, h, w, 3): the picture, without bars
         scores = {**score.measure(small), **crop.scores()}
         w, h = crop.width, crop.height
@@ -264,6 +269,11 @@ class _Splitter:
             clip.num_frames = len(picks)
             self.encoder.submit(clip, [crop.frame(frames[i].frame) for i in picks])
         self.clips.append(clip)
+
+
+def _size(frame: media.DecodedFrame) -> tuple[int, int] | None:
+    """(w, h) of a frame's transcode frame, None where it has none."""
+    return (frame.frame.width, frame.frame.height) if frame.frame is not None else None
 
 
 BORDER_SAMPLES = 8  # frames of a clip, evenly spread from its first to its last, to look for black borders in
@@ -466,7 +476,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         # A quality score is measured on one frame a second, at more detail than the transcode size.
         quality_every = max(1, round(p.fps)) if cfg.filters.quality else 0
         for frame in media.decode(path, p, small_size, splitter.out_size, threads=cfg.get("codec_threads") or 0,
-                                  damage=damage, quality_every=quality_every):
+                                  damage=damage, quality_every=quality_every, short_side=cfg.transcode.short_side):
             n = frame.index + 1
             splitter.timeline(frame)
             times.append(frame.time_s)
