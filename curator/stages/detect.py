@@ -131,8 +131,7 @@ class AdaptiveDetector:
         has none, its `window` nearest frames as they are (a still shot). Frame 0 has no score."""
         raw = [self.scores[x] for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
         moving, x = [], i + step
-        while len(moving) < self.window and abs(x - i) <= max(self.lookahead, self.window) \
-                and 0 < x < len(self.scores):
+        while len(moving) < self.window and abs(x - i) <= self.lookahead and 0 < x < len(self.scores):
             if self.scores[x] >= REPEAT_SCORE:
                 moving.append(self.scores[x])
             x += step
