@@ -134,29 +134,36 @@ def accuracy(truth: dict) -> tuple[list[str], dict]:
     return rows, {who: f1(*c) for who, c in totals.items()}
 
 
-def spliced(truth: dict, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS,
-            flashes: bool = False, fps: int = 25) -> dict[str, dict]:
-    """Films spliced at random (seeded) from the known shots of SPLICED_FROM, a hard cut at every
-    join, so that the cuts are known exactly: `shots` pieces each, of 10 to 40 frames taken from
-    inside a shot (2 frames clear of its cuts), two neighbours never from the same shot, all at
-    480x270 and 25 fps. Pieces shorter than 15 frames are shots that PySceneDetect's default
-    minimum scene length (15 frames) does not take. With `flashes`, the same films with a flash
-    in the middle of every other piece of 20 frames or more (see add_flashes): no cut more. At
-    an `fps` above 25, each frame repeated as a frame rate conversion repeats it (2 or 3 times for
-    60): the same cuts, at the first frame that shows each."""
-    import random
-
+def known_shots(truth: dict) -> list[tuple[list, int, int]]:
+    """The known shots of SPLICED_FROM, decoded once at 480x270: (the source's yuv420p frames,
+    start, end) for each shot of 14 frames or more."""
     import av
 
-    from curator.media import encode_clip
-
-    sources = [t for name, t in truth.items() if name in SPLICED_FROM]
-    pieces = []  # (frames as yuv420p 480x270, [start, end) of each shot in them)
-    for t in sources:
+    pieces = []
+    for name, t in truth.items():
+        if name not in SPLICED_FROM:
+            continue
         with av.open(t["path"]) as c:
             frames = [f.reformat(480, 270, "yuv420p") for f in c.decode(video=0)]
         edges = [0, *t["cuts"], len(frames)]
         pieces += [(frames, a, b) for a, b in zip(edges, edges[1:], strict=False) if b - a >= 14]
+    return pieces
+
+
+def spliced(pieces: list, folder: Path, films: int = 3, shots: int = SPLICED_SHOTS,
+            flashes: bool = False, fps: int = 25) -> dict[str, dict]:
+    """Films spliced at random (seeded) from `pieces` (known_shots), a hard cut at every join, so
+    that the cuts are known exactly: `shots` pieces each, of 10 to 40 frames taken from inside a
+    shot (2 frames clear of its cuts), two neighbours never from the same shot, all at 480x270 and
+    25 fps. Pieces shorter than 15 frames are shots that PySceneDetect's default minimum scene
+    length (15 frames) does not take. With `flashes`, the same films with a flash in the middle of
+    every other piece of 20 frames or more (see add_flashes): no cut more. At an `fps` above 25,
+    each frame repeated as a frame rate conversion repeats it (2 or 3 times for 60): the same
+    cuts, at the first frame that shows each."""
+    import random
+
+    from curator.media import encode_clip
+
     out = {}
     for k in range(films):
         rng, film, cuts, last = random.Random(k), [], [], None
@@ -294,19 +301,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="vfm-bench-") as tmp:
         tmp = Path(tmp)
-        films = spliced(truth, tmp)
+        pieces = known_shots(truth)
+        films = spliced(pieces, tmp)
         _, acc_spliced = accuracy(films)
         print(f"\nSpliced films, {len(films)} of {SPLICED_SHOTS} shots of 10 to 40 frames from the known shots of "
               f"{', '.join(n for n in truth if n in SPLICED_FROM)}, "
               f"{sum(len(f['cuts']) for f in films.values())} cuts (±1 frame):")
         print(f"  {'overall':26s} {overall(acc_spliced)}")
-        flashed = spliced(truth, tmp, flashes=True)
+        flashed = spliced(pieces, tmp, flashes=True)
         _, acc_flashes = accuracy(flashed)
         count = sum(f["flashes"] for f in flashed.values())
         print(f"\nThe same films with {count} flashes of {FLASH_FRAMES[0]} to {FLASH_FRAMES[1]} frames "
               f"(+{FLASH_LEVELS[0]} levels, or white) inside shots: no cut more (±1 frame):")
         print(f"  {'overall':26s} {overall(acc_flashes)}")
-        repeated = spliced(truth, tmp, fps=60)
+        repeated = spliced(pieces, tmp, fps=60)
         _, acc_repeated = accuracy(repeated)
         print("\nThe same films at 60 fps, each frame repeated 2 or 3 times as a frame rate conversion does "
               "(±1 frame):")

@@ -110,7 +110,6 @@ class AdaptiveDetector:
         self.lookahead = max(window, flash_frames)
         self.scores: list[float] = []  # content score of every frame (0 for the first)
         self.lumas: list[float] = []
-        self.dark: list[bool] = []  # mean luma under dark_luma, frame by frame
         self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run
         self.transition_starts: set[int] = set()  # shots that are a transition: none found here
         self.scene_cuts: list[int] = []
@@ -156,22 +155,24 @@ class AdaptiveDetector:
         return True
 
     def _decide_upto(self, last: int, out: list[int]) -> None:
-        """Decide frames in order up to `last`: each starts a shot, or not."""
+        """Decide frames in order up to `last`: each starts a shot, or not; no frame of a flash does."""
         while self._next <= last:
-            i = self._next
-            in_run = self._dark_start is not None
-            hard = self.scores[i] >= self.min_content
-            if i < self._flash_end:
-                pass  # inside a flash
-            # Lightning in a night scene leaves a dark run for a frame or two, and a black frame in
-            # a bright shot (a capture's dropped frame) enters one: flashes, not edges of a run.
-            elif self.dark[i] != in_run and not (hard and self._flash_at(i)):
-                self._dark_edge(i, out)
-            elif not in_run and self._is_cut(i):
-                out.append(i)
-                self.scene_cuts.append(i)
-                self._last_cut = i
+            if self._next >= self._flash_end:
+                self._decide(self._next, out)
             self._next += 1
+
+    def _decide(self, i: int, out: list[int]) -> None:
+        in_run = self._dark_start is not None
+        dark = self.lumas[i] < self.dark_luma
+        hard = self.scores[i] >= self.min_content
+        # Lightning in a night scene leaves a dark run for a frame or two, and a black frame in a
+        # bright shot (a capture's dropped frame) enters one: flashes, not edges of a run.
+        if dark != in_run and not (hard and self._flash_at(i)):
+            self._dark_edge(i, out)
+        elif not in_run and self._is_cut(i):
+            out.append(i)
+            self.scene_cuts.append(i)
+            self._last_cut = i
 
     def _dark_edge(self, i: int, out: list[int]) -> None:
         """Frame i enters or leaves a dark run: a shot boundary whatever the content score says."""
@@ -206,8 +207,7 @@ class AdaptiveDetector:
             self._recent[i] = small
             self._recent.pop(i - self.lookahead - self.flash_frames - 2, None)  # older than any test needs
         out: list[int] = []
-        self.dark.append(luma < self.dark_luma)
-        if i == 0 and self.dark[0]:  # the stream opens in the dark: frame 0 has started the first scene
+        if i == 0 and luma < self.dark_luma:  # the stream opens in the dark: frame 0 has started the first scene
             self._dark_start, self._dark_entered_by_cut = 0, True
         self._decide_upto(i - self.lookahead, out)
         return out

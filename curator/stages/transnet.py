@@ -65,9 +65,10 @@ def flash_test(frames: np.ndarray, flash_frames: int):
         return float(np.abs(frames[x].astype(np.float32) - frames[x - 1]).mean()) if 0 < x < len(frames) else 0.0
 
     def is_flash(i: int) -> bool:
-        at = max((i - 1, i, i + 1), key=change)
-        return change(at) >= MIN_FLASH_CHANGE and \
-            flash_end(lambda x: frames[x] if x < len(frames) else None, at, flash_frames, change(at)) is not None
+        changes = {x: change(x) for x in (i - 1, i, i + 1)}
+        at = max(changes, key=changes.get)
+        return changes[at] >= MIN_FLASH_CHANGE and \
+            flash_end(lambda x: frames[x] if x < len(frames) else None, at, flash_frames, changes[at]) is not None
 
     return is_flash
 
