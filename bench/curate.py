@@ -151,8 +151,8 @@ def transnet_detect(path: str) -> tuple[list[float], list[int]]:
 
 def real_footage(truth: dict) -> tuple[list[str], dict]:
     """Each detector's P/R/F1 on each video of `truth` (±1 frame, at the nominal rate), with the
-    cuts it missed and those it found that are none."""
-    rows, scores = [], {}
+    cuts it missed and those it found that are none; and over all of them."""
+    rows, totals = [], {}
     for name, t in truth.items():
         fps = nominal_fps(t["path"])
         rows.append(f"  {name} ({len(t['cuts'])} cuts):")
@@ -160,10 +160,11 @@ def real_footage(truth: dict) -> tuple[list[str], dict]:
             found = fn(t["path"])[1]
             missed = [c for c in t["cuts"] if not any(abs(c - f) <= 1 for f in found)]
             false = [f for f in found if not any(abs(c - f) <= 1 for c in t["cuts"])]
-            scores[who] = f1(*prf([f / fps for f in found], [c / fps for c in t["cuts"]], 1.0 / fps + 1e-3))
-            rows.append(f"    {who:22s} P/R/F1 {'/'.join(f'{x:.2f}' for x in scores[who])}; "
+            counts = prf([f / fps for f in found], [c / fps for c in t["cuts"]], 1.0 / fps + 1e-3)
+            totals[who] = [a + b for a, b in zip(totals.get(who, (0, 0, 0)), counts, strict=True)]
+            rows.append(f"    {who:22s} P/R/F1 {'/'.join(f'{x:.2f}' for x in f1(*counts))}; "
                         f"missed {missed}, not cuts {false}")
-    return rows, scores
+    return rows, {who: f1(*c) for who, c in totals.items()}
 
 
 def accuracy(truth: dict) -> tuple[list[str], dict]:
