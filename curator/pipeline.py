@@ -34,7 +34,7 @@ from curator.stages import caption, detect
 from curator.stages.discover import content_hash, discover, largest_first, source_id
 from curator.stages.split import process_source
 from curator.stages.transnet import ShotDetector
-from curator.writer import OutputDir, read_jsonl
+from curator.writer import OutputDir, OutputInUseError, read_jsonl
 
 CURATOR_VERSION = "0.1.0"
 # Sources sent to each SourceWorker at once, the one it works on included. With Ray Data's default
@@ -391,6 +391,16 @@ def curate(cfg: DictConfig, log=_print) -> dict | None:
     validate(cfg)
     sources = discover(cfg.input)
     out = OutputDir(cfg.output, cfg.writer.samples_per_shard, cfg.dedup.max_hamming if cfg.dedup.enabled else None)
+    if not out.locked:
+        log(f"warning: {cfg.output} is on a filesystem without file locks: nothing stops a second run from "
+            "writing it at the same time, which would write every source twice")
+    try:
+        return _curate(cfg, sources, out, t_start, log)
+    finally:
+        out.release()
+
+
+def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float, log) -> dict | None:
     todo = largest_first([s for s in sources if s not in out.done_sources])
     if not todo:
         log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
@@ -481,7 +491,7 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> se
 def main_from_config(cfg: DictConfig) -> int:
     try:
         curate(cfg)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+    except (ValueError, FileNotFoundError, NotADirectoryError, OutputInUseError) as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 2
     if cfg.report:

@@ -5,6 +5,7 @@ Layout (DESIGN.md "Shards" and "Manifest"):
     <out>/manifest.jsonl            one record per input, appended once all its clips are in shards
     <out>/summary.json              rewritten at the end of each run that did work
     <out>/.state/shards.jsonl       per complete shard: its keys and their dedup signatures
+    <out>/.state/lock               held (flock) by the run writing the directory: one run at a time
 
 After a crash, a rerun skips every input with a manifest record, discards any unfinished shard, and
 never writes a key that a complete shard already holds: no duplicate, missing or truncated samples.
@@ -12,9 +13,12 @@ never writes a key that a complete shard already holds: no duplicate, missing or
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import io
 import json
 import os
+import socket
 import tarfile
 from pathlib import Path
 
@@ -41,7 +45,37 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+class OutputInUseError(RuntimeError):
+    """Another run is writing the output directory."""
+
+
+def _lock(root: Path, state_dir: Path) -> int | None:
+    """An exclusive flock on `state_dir/lock`, its file descriptor; it says which process holds it.
+    Two runs writing one directory would each write every source (a manifest with every record
+    twice) and delete the other's unfinished shard as stale. The kernel lets go of the lock when its
+    process ends, however it ends, so a `kill -9` never leaves the directory locked. None where the
+    filesystem has no locks (some network and FUSE mounts): the run goes on, unguarded."""
+    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not said which"
+        os.close(fd)
+        raise OutputInUseError(f"output={str(root)!r} is being written by another run ({holder}): wait for it to "
+                               "end, or give another output") from None
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
+
+
 class OutputDir:
+    """The output directory of one run, locked against other runs from here until release()."""
+
     def __init__(self, root: str | os.PathLike, samples_per_shard: int, max_hamming: int | None):
         if samples_per_shard < 1:
             raise ValueError(f"writer.samples_per_shard={samples_per_shard}: must be >= 1")
@@ -50,6 +84,8 @@ class OutputDir:
         self.state_dir = self.root / ".state"
         self.shard_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.root, self.state_dir)
+        self.locked = self._lock_fd is not None
         self.manifest_path = self.root / "manifest.jsonl"
         self.shards_state_path = self.state_dir / "shards.jsonl"
         self.samples_per_shard = samples_per_shard
@@ -130,6 +166,13 @@ class OutputDir:
     def close(self) -> None:
         self.finish_shard()
         self._flush_records()
+
+    def release(self) -> None:
+        """Let go of the directory: another run may write it from now on."""
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)  # no holder named
+            os.close(self._lock_fd)  # the flock goes with it
+            self._lock_fd = None
 
     def shard_counts(self) -> list[dict]:
         return [{"shard": r["shard"], "num_samples": len(r["keys"])} for r in read_jsonl(self.shards_state_path)]

@@ -85,3 +85,37 @@ def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path):
 
     proc = _run(inputs, resumed)
     assert "nothing to do" in _finish(proc)
+
+
+def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
+    """While one run holds the output (here this process, through the writer's own lock), the same
+    command from another process exits 2 naming the holder, and leaves the holder's unfinished shard
+    and manifest as they are; once the holder is done, it runs."""
+    from curator.writer import OutputDir
+
+    inputs = tmp_path / "in"
+    synth.write_corpus(inputs, seed=6, num_shape_videos=1)
+    out = tmp_path / "out"
+    holder = OutputDir(out, samples_per_shard=2, max_hamming=None)
+    unfinished = out / "shards" / ".shard-000000.tar.tmp"
+    unfinished.write_bytes(b"the holder's shard, half written")
+    done = {"source": "/elsewhere/a.mp4", "status": "error", "error": "not a video", "shots": [], "clips": []}
+    (out / "manifest.jsonl").write_text(json.dumps(done) + "\n")
+
+    proc = _run(inputs, out)
+    log = _finish(proc, timeout=120)
+    assert proc.returncode == 2, log
+    assert f"is being written by another run (pid {os.getpid()} on" in log
+    assert unfinished.read_bytes() == b"the holder's shard, half written"
+    assert len(read_jsonl(out / "manifest.jsonl")) == 1
+    assert not (out / "summary.json").exists()
+
+    holder.close()
+    holder.release()
+    proc = _run(inputs, out)
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    assert not unfinished.exists()
+    total = len(list(inputs.glob("*.mp4")))
+    assert len(read_jsonl(out / "manifest.jsonl")) == 1 + total
+    assert json.loads((out / "summary.json").read_text())["inputs"] == 1 + total
