@@ -34,7 +34,7 @@ from curator.stages import caption, detect
 from curator.stages.discover import content_hash, discover, largest_first, source_id
 from curator.stages.split import process_source
 from curator.stages.transnet import ShotDetector
-from curator.writer import OutputDir, OutputInUseError, read_jsonl
+from curator.writer import OutputDir, OutputInUseError, OutputWriteError, read_jsonl
 
 CURATOR_VERSION = "0.1.0"
 # Sources sent to each SourceWorker at once, the one it works on included. With Ray Data's default
@@ -448,9 +448,7 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
                 log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
     out.close()
     summary = summarize(out, cfg, time.perf_counter() - t_start, ray_s)
-    tmp = out.root / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out.root / "summary.json")
+    out.write_summary(summary)
     log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
         f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
     return summary
@@ -494,6 +492,9 @@ def main_from_config(cfg: DictConfig) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, OutputInUseError) as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 2
+    except OutputWriteError as e:
+        print(f"vfm-curate: {e}", file=sys.stderr)
+        return 1
     if cfg.report:
         from curator.report import write_report
 

@@ -13,8 +13,10 @@ never writes a key that a complete shard already holds: no duplicate, missing or
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import functools
 import io
 import json
 import os
@@ -26,8 +28,12 @@ from curator.stages.dedup import DedupIndex
 
 
 def _fsync_append(path: Path, line: str) -> None:
-    with open(path, "a") as f:
-        f.write(line + "\n")
+    """Append `line` durably, on a line of its own: after a torn last line (a full disk or a crash
+    mid-append), a newline first, so that the torn part stays a line of its own that readers skip
+    rather than swallowing this one."""
+    with open(path, "a+b") as f:
+        torn = f.tell() > 0 and os.pread(f.fileno(), 1, f.tell() - 1) != b"\n"
+        f.write((("\n" if torn else "") + line + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -47,6 +53,26 @@ def read_jsonl(path: Path) -> list[dict]:
 
 class OutputInUseError(RuntimeError):
     """Another run is writing the output directory."""
+
+
+class OutputWriteError(RuntimeError):
+    """The output directory could not be written (a full disk, say)."""
+
+
+def _writes(method):
+    """An OutputDir method that writes: its OSError (no space left, a quota, a lost mount) becomes
+    an OutputWriteError that says what is kept, and the unfinished shard is removed."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            self._discard_unfinished_shard()
+            raise OutputWriteError(f"cannot write {self.root}: {e}. The complete shards and the records in "
+                                   "manifest.jsonl are kept: fix that and run the same command again to go on") from e
+
+    return wrapper
 
 
 def _lock(root: Path, state_dir: Path) -> int | None:
@@ -82,8 +108,11 @@ class OutputDir:
         self.root = Path(root)
         self.shard_dir = self.root / "shards"
         self.state_dir = self.root / ".state"
-        self.shard_dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.shard_dir.mkdir(parents=True, exist_ok=True)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputWriteError(f"cannot make the output directory {self.root}: {e}") from e
         self._lock_fd = _lock(self.root, self.state_dir)
         self.locked = self._lock_fd is not None
         self.manifest_path = self.root / "manifest.jsonl"
@@ -94,6 +123,10 @@ class OutputDir:
 
         self.done_sources = {r["source"] for r in read_jsonl(self.manifest_path)}
         shard_records = [r for r in read_jsonl(self.shards_state_path) if (self.shard_dir / r["shard"]).exists()]
+        for orphan in {p.name for p in self.shard_dir.glob("shard-*.tar")} - {r["shard"] for r in shard_records}:
+            # Renamed into place, but its state line never got written (a crash or a full disk just
+            # then): its sources have no record yet and are done again, into a new shard.
+            (self.shard_dir / orphan).unlink()
         self.written_keys: set[str] = set()
         self.dedup = DedupIndex(max_hamming) if max_hamming is not None else None
         for r in shard_records:
@@ -101,7 +134,8 @@ class OutputDir:
                 self.written_keys.add(key)
                 if self.dedup is not None:
                     self.dedup.add(key, hashes, colours)
-        self.shard_index = len(shard_records)
+        # Past every shard recorded, also where one recorded earlier has gone since: never over one.
+        self.shard_index = 1 + max((int(r["shard"][len("shard-"):-len(".tar")]) for r in shard_records), default=-1)
         self._tar: tarfile.TarFile | None = None
         self._tmp: Path | None = None
         self._keys: list[str] = []
@@ -115,6 +149,7 @@ class OutputDir:
         self._tmp = self.shard_dir / f".{name}.tmp"
         self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)
 
+    @_writes
     def add_sample(self, key: str, members: dict[str, bytes], hashes: list[str], colours: list[list[int]]) -> None:
         """Write one sample (`<key>.<ext>` members) into the open shard."""
         if "." in key:
@@ -133,6 +168,7 @@ class OutputDir:
         if len(self._keys) >= self.samples_per_shard:
             self.finish_shard()
 
+    @_writes
     def finish_shard(self) -> None:
         if self._tar is None:
             return
@@ -151,6 +187,7 @@ class OutputDir:
 
     # -- manifest ---------------------------------------------------------------------------------
 
+    @_writes
     def add_record(self, record: dict, keys_in_shards: set[str]) -> None:
         """The input's record goes to the manifest once every one of its written keys is in a shard."""
         pending = {k for k in keys_in_shards if k in self._keys}
@@ -163,9 +200,27 @@ class OutputDir:
             _fsync_append(self.manifest_path, json.dumps(record))
             self.done_sources.add(record["source"])
 
+    def _discard_unfinished_shard(self) -> None:
+        if self._tar is not None:
+            with contextlib.suppress(OSError):
+                self._tar.close()
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+        self._tar, self._tmp = None, None
+
+    @_writes
     def close(self) -> None:
         self.finish_shard()
         self._flush_records()
+
+    @_writes
+    def write_summary(self, summary: dict) -> None:
+        tmp = self.root / ".summary.json.tmp"
+        try:
+            tmp.write_text(json.dumps(summary, indent=1))
+            tmp.replace(self.root / "summary.json")
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def release(self) -> None:
         """Let go of the directory: another run may write it from now on."""

@@ -1,5 +1,6 @@
 """kill -9 of a running vfm-curate, then the same command again: the job finishes with no duplicate,
-missing or truncated samples, and the same samples as an uninterrupted run."""
+missing or truncated samples, and the same samples as an uninterrupted run. The same for a full
+disk and for a torn state line; and one run at a time writes an output."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import time
 from pathlib import Path
 
 import decord
+import pytest
 import webdataset as wds
 
 from curator import synth
-from curator.writer import read_jsonl
+from curator.writer import OutputDir, OutputWriteError, read_jsonl
 
 ARGS = ["writer.samples_per_shard=2", "num_workers=1", "ray.num_cpus=2", "dedup.enabled=false"]
 
@@ -91,8 +93,6 @@ def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
     """While one run holds the output (here this process, through the writer's own lock), the same
     command from another process exits 2 naming the holder, and leaves the holder's unfinished shard
     and manifest as they are; once the holder is done, it runs."""
-    from curator.writer import OutputDir
-
     inputs = tmp_path / "in"
     synth.write_corpus(inputs, seed=6, num_shape_videos=1)
     out = tmp_path / "out"
@@ -119,3 +119,46 @@ def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
     total = len(list(inputs.glob("*.mp4")))
     assert len(read_jsonl(out / "manifest.jsonl")) == 1 + total
     assert json.loads((out / "summary.json").read_text())["inputs"] == 1 + total
+
+
+def _sample(out: OutputDir, key: str, size: int = 100_000) -> None:
+    out.add_sample(key, {"mp4": bytes(size), "txt": key.encode()}, ["0" * 16], [[0, 0, 0]])
+
+
+def test_a_full_disk_is_a_clear_error_that_leaves_no_unfinished_shard(tmp_path):
+    """The unfinished shard is written into /dev/full, which takes nothing (ENOSPC, as a full disk
+    gives): a clear error saying what is kept, the unfinished shard gone, the manifest untouched."""
+    out = OutputDir(tmp_path / "out", samples_per_shard=2, max_hamming=None)
+    _sample(out, "a")
+    out.finish_shard()
+    out.add_record({"source": "a.mp4"}, {"a"})
+    unfinished = out.shard_dir / ".shard-000001.tar.tmp"
+    unfinished.symlink_to("/dev/full")
+    with pytest.raises(OutputWriteError, match=r"No space left on device\. The complete shards and the records"):
+        _sample(out, "b")
+    assert not unfinished.is_symlink() and not unfinished.exists()
+    assert [p.name for p in out.shard_dir.iterdir()] == ["shard-000000.tar"]
+    assert read_jsonl(out.manifest_path) == [{"source": "a.mp4"}]
+    out.release()
+
+
+def test_a_torn_state_line_and_a_shard_it_did_not_record_are_undone(tmp_path):
+    """A full disk or a crash just after a shard was renamed into place leaves the shard without its
+    state line, or with a torn one. The next run deletes that shard (its sources have no record and
+    are done again), numbers its next shard past the recorded ones, and writes its state line on a
+    line of its own, not glued to the torn one."""
+    out = OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None)
+    _sample(out, "a")
+    out.release()
+    with open(out.shards_state_path, "a") as f:
+        f.write('{"shard": "shard-000001.tar", "ke')  # torn
+    (out.shard_dir / "shard-000001.tar").write_bytes((out.shard_dir / "shard-000000.tar").read_bytes())
+
+    again = OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None)
+    assert sorted(p.name for p in again.shard_dir.iterdir()) == ["shard-000000.tar"]
+    assert again.written_keys == {"a"}
+    _sample(again, "b")
+    again.release()
+    assert [r["shard"] for r in read_jsonl(again.shards_state_path)] == ["shard-000000.tar", "shard-000001.tar"]
+    assert sorted(s["__key__"] for s in wds.WebDataset(sorted(str(p) for p in again.shard_dir.glob("*.tar")),
+                                                        shardshuffle=False)) == ["a", "b"]
