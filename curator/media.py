@@ -388,8 +388,8 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     which a blurred or noisy source shows. A stream can change shape part-way (recordings joined
     end to end, a broadcast switching between SD and HD): given `short_side`, frames of another
     shape than the first come at a transcode size of their own, with that short side, rather than
-    stretched to `out_size` (not where the source needs FFmpeg filters: those are set up for one
-    size; there they are stretched, and say so)."""
+    stretched to `out_size`; where the source needs FFmpeg filters (interlaced, HDR), they are set up
+    again for each shape."""
     rot = probe_.rotation
     swap = rot in (90, 270)
 
@@ -414,29 +414,34 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
-        frames = decoded_frames(container, stream, damage or Damage())
-        specs = _filters(probe_, *pre(out_size)) if out_size is not None else []
-        if specs:
-            frames = _filtered(frames, stream, specs)
+        first_aspect = None  # a stream can change size part-way (a recording across a switch)
+        own_sizes: dict[tuple[int, int], tuple[int, int]] = {}  # stored size -> its transcode size, before rotation
+
+        def sizes(stored: tuple[int, int]) -> tuple[tuple[int, int], bool]:
+            """(the transcode size before rotation, stretched) of frames decoded at `stored`."""
+            nonlocal first_aspect
+            first_aspect = first_aspect or stored[0] / stored[1]
+            stretched = abs(stored[0] / stored[1] / first_aspect - 1) > 0.02
+            if not stretched or not short_side or out_size is None:
+                return (pre(out_size) if out_size is not None else (0, 0)), stretched
+            if stored not in own_sizes:
+                # The new shape's pixel aspect: the decoder has read the parameter sets that came
+                # with it by the time it gives out its first frame.
+                sar = stream.codec_context.sample_aspect_ratio
+                sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
+                own_sizes[stored] = even_size(max(1, round(stored[0] * sar)), stored[1], short_side)
+            return own_sizes[stored], False
+
+        frames = ((frame, damaged, (frame.width, frame.height))
+                  for frame, damaged in decoded_frames(container, stream, damage or Damage()))
+        if out_size is not None and (probe_.interlaced or probe_.hdr or probe_.wide_gamut):  # see _filters
+            frames = _filtered(frames, stream, lambda stored: _filters(probe_, *sizes(stored)[0], stored[1]))
         # The source's start: the container's earliest timestamp, over all streams.
         origin = container.start_time / av.time_base if container.start_time is not None else None
         index = 0
-        first_aspect = None  # a stream can change size part-way (a recording across a switch)
-        own_sizes: dict[tuple[int, int], tuple[int, int]] = {}  # stored size -> its transcode size, before rotation
         try:
-            for frame, damaged in frames:
-                stored = (frame.width, frame.height)
-                first_aspect = first_aspect or frame.width / frame.height
-                stretched = abs(frame.width / frame.height / first_aspect - 1) > 0.02
-                ow, oh = pre(out_size) if out_size is not None else (0, 0)
-                if stretched and short_side and out_size is not None and not specs:
-                    if stored not in own_sizes:
-                        # The new shape's pixel aspect: the decoder has read the parameter sets
-                        # that came with it by the time it gives out its first frame.
-                        sar = stream.codec_context.sample_aspect_ratio
-                        sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
-                        own_sizes[stored] = even_size(max(1, round(frame.width * sar)), frame.height, short_side)
-                    (ow, oh), stretched = own_sizes[stored], False
+            for frame, damaged, stored in frames:
+                (ow, oh), stretched = sizes(stored)
                 out, luma = None, None
                 if quality_every and index % quality_every == 0:
                     k = min(1.0, quality_short_side / min(frame.width, frame.height))
@@ -470,9 +475,9 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
             raise TruncatedStream(index, ffmpeg_message(e, path)) from e
 
 
-def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, str]]:
-    """FFmpeg filters that a source's frames go through before the scaler, if it needs any; the
-    output size is before rotation.
+def _filters(probe_: Probe, out_width: int, out_height: int, stored_lines: int) -> list[tuple[str, str]]:
+    """FFmpeg filters that a source's frames go through before the scaler, if it needs any, for
+    frames decoded with `stored_lines` lines; the output size is before rotation.
 
     - Interlaced: made progressive, one frame out for each frame in. Scaled as they are, the two
       fields, 1/50 or 1/60 s apart, would show moving things twice. Where the output has no more
@@ -485,7 +490,6 @@ def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, 
       source's 48. The mapping costs about 1 s to set up for each source, then 4 ms a 1080p frame."""
     specs = []
     if probe_.interlaced:
-        stored_lines = probe_.height if probe_.rotation not in (90, 270) else probe_.width
         if out_height <= stored_lines // 2:
             specs.append(("field", "type=top" if probe_.top_field_first else "type=bottom"))
         else:
@@ -497,33 +501,42 @@ def _filters(probe_: Probe, out_width: int, out_height: int) -> list[tuple[str, 
     return specs
 
 
-def _filtered(frames: Iterator[tuple[av.VideoFrame, bool]], stream,
-              specs: list[tuple[str, str]]) -> Iterator[tuple[av.VideoFrame, bool]]:
-    """(frame, damaged) pairs through a chain of FFmpeg filters, (name, arguments) each; a frame
-    out is damaged when the frame in at its time was."""
-    graph = av.filter.Graph()
-    nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs), graph.add("buffersink")]
-    for a, b in itertools.pairwise(nodes):
-        a.link_to(b)
-    graph.configure()
-
+def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]], stream,
+              specs_for) -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
+    """(frame, damaged, stored size) through a chain of FFmpeg filters, `specs_for(stored size)`
+    ((name, arguments) each); a frame out is damaged when the frame in at its time was. A filter
+    graph is set up for one frame size and format: where the stream changes either (a broadcast
+    switching between SD and HD), the graph is drained and set up again for the new frames."""
     damaged_pts: set[int] = set()
+    graph, key = None, None
 
-    def ready() -> Iterator[tuple[av.VideoFrame, bool]]:
+    def ready(graph, stored) -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
         while True:
             try:
                 frame = graph.pull()
             except (av.BlockingIOError, av.EOFError):
                 return
-            yield frame, frame.pts in damaged_pts
+            yield frame, frame.pts in damaged_pts, stored
 
-    for frame, damaged in frames:
+    for frame, damaged, stored in frames:
+        if (stored, frame.format.name) != key:
+            if graph is not None:
+                graph.push(None)  # bwdif holds a frame back to look ahead
+                yield from ready(graph, key[0])
+            graph, key = av.filter.Graph(), (stored, frame.format.name)
+            # The decoder's context describes the frames it gives out now, of the new shape too.
+            nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs_for(stored)),
+                     graph.add("buffersink")]
+            for a, b in itertools.pairwise(nodes):
+                a.link_to(b)
+            graph.configure()
         if damaged and frame.pts is not None:
             damaged_pts.add(frame.pts)
         graph.push(frame)
-        yield from ready()
-    graph.push(None)  # bwdif holds a frame back to look ahead
-    yield from ready()
+        yield from ready(graph, stored)
+    if graph is not None:
+        graph.push(None)
+        yield from ready(graph, key[0])
 
 
 def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str,

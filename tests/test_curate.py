@@ -302,6 +302,30 @@ def test_each_shape_of_a_stream_comes_out_at_its_own_size_and_pixel_aspect(tmp_p
         assert (c.streams.video[0].width, c.streams.video[0].height) == (128, 64)
 
 
+@pytest.mark.parametrize("short_side", [32, 64])  # deinterlaced by taking a field; by bwdif
+def test_an_interlaced_broadcast_switching_shape_keeps_each_shape_at_its_own_size(tmp_path, short_side):
+    """The same as above, interlaced, as DVB recordings switching between SD and HD are: the
+    deinterlacing filters are set up again for the second shape, whose clip comes out at its own
+    size and pixel aspect. They were set up once, for the first shape, and the second's clip was
+    dropped as `size_change`."""
+    from fractions import Fraction
+
+    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
+        _encode(tmp_path / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar, x264_params="tff=1")
+    path = tmp_path / "joined.ts"
+    path.write_bytes((tmp_path / "part0.ts").read_bytes() + (tmp_path / "part1.ts").read_bytes())
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32",
+                                  f"transcode.short_side={short_side}"])
+    record, clips = process_source(str(path), "joined", cfg)
+    assert record["interlaced"] and record["warning"].startswith("frame size changed from 96x64 to 64x64 at frame 48")
+    assert [(c.width, c.height, c.kept) for c in clips] == [(96 * short_side // 64, short_side, True),
+                                                            (2 * short_side, short_side, True)]
+    for clip in clips:
+        with av.open(io.BytesIO(clip.mp4)) as c:
+            assert (c.streams.video[0].width, c.streams.video[0].height) == (clip.width, clip.height)
+            assert sum(1 for _ in c.decode(video=0)) == clip.num_frames
+
+
 def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):
     out, summary, records, samples = curated
     assert len(samples) == summary["kept"] == sum(s["num_samples"] for s in summary["shards"])

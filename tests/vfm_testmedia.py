@@ -7,9 +7,10 @@ from pathlib import Path
 
 
 def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None,
-            pixel_aspect=None, gop=None, metadata=None, codec="libx264", container_options=None):
+            pixel_aspect=None, gop=None, metadata=None, codec="libx264", container_options=None, x264_params=None):
     """Write RGB frames as H.264 (or `codec`) with PyAV; `pts` with `time_base` gives a variable frame
-    rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many."""
+    rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many;
+    `x264_params`: x264's own options ("tff=1": interlaced, top field first)."""
     import av
 
     with av.open(str(path), "w", options=container_options or {}) as c:
@@ -23,8 +24,11 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             s.set_display_rotation(rotation)
         if pixel_aspect:
             s.codec_context.sample_aspect_ratio = pixel_aspect
-        if gop:
-            s.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
+        options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"} if gop else {}
+        if x264_params:
+            options["x264-params"] = x264_params
+        if options:
+            s.options = options
         for i, a in enumerate(frames):
             f = av.VideoFrame.from_ndarray(a, format="rgb24")
             if pts is not None:
