@@ -518,11 +518,14 @@ def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]], str
                 return
             yield frame, frame.pts in damaged_pts, stored
 
+    def drain() -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
+        if graph is not None:
+            graph.push(None)  # bwdif holds a frame back to look ahead
+            yield from ready(graph, key[0])
+
     for frame, damaged, stored in frames:
         if (stored, frame.format.name) != key:
-            if graph is not None:
-                graph.push(None)  # bwdif holds a frame back to look ahead
-                yield from ready(graph, key[0])
+            yield from drain()
             graph, key = av.filter.Graph(), (stored, frame.format.name)
             # The decoder's context describes the frames it gives out now, of the new shape too.
             nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs_for(stored)),
@@ -534,9 +537,7 @@ def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]], str
             damaged_pts.add(frame.pts)
         graph.push(frame)
         yield from ready(graph, stored)
-    if graph is not None:
-        graph.push(None)
-        yield from ready(graph, key[0])
+    yield from drain()
 
 
 def encode_clip(frames: list[av.VideoFrame], fps: float, crf: int, preset: str,

@@ -283,16 +283,23 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert summary["kept"] + summary["dropped"] == summary["clips"]
 
 
+def _two_shapes_joined(folder: Path, **encode_kw) -> Path:
+    """Two recordings joined end to end, as MPEG-TS segments of one H.264 stream: 48 frames stored
+    96x64, then 48 stored 64x64 with 2:1 pixels (shown 128x64)."""
+    from fractions import Fraction
+
+    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
+        _encode(folder / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar, **encode_kw)
+    path = folder / "joined.ts"
+    path.write_bytes((folder / "part0.ts").read_bytes() + (folder / "part1.ts").read_bytes())
+    return path
+
+
 def test_each_shape_of_a_stream_comes_out_at_its_own_size_and_pixel_aspect(tmp_path):
     """Two recordings joined end to end, the second stored 64x64 with 2:1 pixels (shown 128x64, as
     a broadcast's SD part is shown wider than stored): its clip is 128x64, not stretched to the
     first's 96x64 or squeezed to its stored 64x64."""
-    from fractions import Fraction
-
-    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
-        _encode(tmp_path / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar)
-    path = tmp_path / "joined.ts"
-    path.write_bytes((tmp_path / "part0.ts").read_bytes() + (tmp_path / "part1.ts").read_bytes())
+    path = _two_shapes_joined(tmp_path)
     cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32"])
     record, clips = process_source(str(path), "joined", cfg)
     assert record["status"] == "ok" and record["warning"].startswith("frame size changed from 96x64 to 64x64")
@@ -308,12 +315,7 @@ def test_an_interlaced_broadcast_switching_shape_keeps_each_shape_at_its_own_siz
     deinterlacing filters are set up again for the second shape, whose clip comes out at its own
     size and pixel aspect. They were set up once, for the first shape, and the second's clip was
     dropped as `size_change`."""
-    from fractions import Fraction
-
-    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
-        _encode(tmp_path / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar, x264_params="tff=1")
-    path = tmp_path / "joined.ts"
-    path.write_bytes((tmp_path / "part0.ts").read_bytes() + (tmp_path / "part1.ts").read_bytes())
+    path = _two_shapes_joined(tmp_path, x264_params="tff=1")
     cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32",
                                   f"transcode.short_side={short_side}"])
     record, clips = process_source(str(path), "joined", cfg)
