@@ -20,9 +20,10 @@
    Beside them, the stages' own seconds (summary.json, summed over the workers) divided by the
    cores, against the floor: about the run's ratio if Ray and the workers' starts cost nothing.
 4. Memory: peak RSS of the whole curation process tree, 1x vs 4x the corpus, in runs of their own
-   (the sampler's own CPU use stays out of the timed run).
+   (the sampler's own CPU use stays out of the timed run); and of one long source against a short
+   one: bikes.mp4 looped (packets copied) to 1 minute and to `--long-min` minutes.
 
-    python bench/curate.py [--repeat 4]
+    python bench/curate.py [--repeat 4] [--long-min 10]
 
 Needs the `bench` extra (scenedetect, opencv-python, psutil) and the ffmpeg CLI (Debian: ffmpeg).
 PySceneDetect's clips are read from ../shared/media/pyscenedetect when present.
@@ -326,6 +327,18 @@ def run_scenedetect_split(paths: list[str], out: Path) -> float:
     return time.perf_counter() - t0
 
 
+def looped(path: str, folder: Path, minutes: float) -> Path:
+    """A folder holding `path` played over and over for `minutes`, its packets copied (no re-encoding)."""
+    import av
+
+    with av.open(path) as c:
+        loops = max(1, round(minutes * 60 / float(c.duration / av.time_base)))
+    folder.mkdir(parents=True)
+    subprocess.run(["ffmpeg", "-v", "error", "-stream_loop", str(loops - 1), "-i", path, "-map", "0:v:0", "-c", "copy",
+                    str(folder / f"{Path(path).stem}_{minutes:g}min.mp4")], check=True)
+    return folder
+
+
 def stage(paths: list[str], folder: Path, repeat: int) -> Path:
     folder.mkdir(parents=True)
     for r in range(repeat):
@@ -337,6 +350,7 @@ def stage(paths: list[str], folder: Path, repeat: int) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=4, help="copies of the corpus for the speed and 4x memory runs")
+    parser.add_argument("--long-min", type=float, default=10, help="minutes of the long source, against 1 minute")
     args = parser.parse_args()
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's scenedetect
     if shutil.which("ffmpeg") is None or shutil.which("scenedetect") is None:
@@ -395,6 +409,9 @@ def main() -> None:
         _, rss_many, _ = run_vfm(many, tmp / "out_many_rss", watch_rss=True)
         _, rss_one, _ = run_vfm(one, tmp / "out_one", watch_rss=True)
         t_split = run_scenedetect_split(paths, tmp / "psd_split")
+        bikes = next(p for p in corpus() if Path(p).name == "bikes.mp4")
+        _, rss_short, _ = run_vfm(looped(bikes, tmp / "short", 1), tmp / "out_short", watch_rss=True)
+        _, rss_long, _ = run_vfm(looped(bikes, tmp / "long", args.long_min), tmp / "out_long", watch_rss=True)
 
     det_ratio = t_ours_det / t_psd_det
     cur_ratio = t_vfm / t_split
@@ -408,6 +425,7 @@ def main() -> None:
     work_s = sum(summary["stage_seconds"].values()) / os.cpu_count()
     mem_ratio = rss_many / rss_one
     mem_label = f"peak RSS MiB, {args.repeat}x corpus vs 1x"
+    long_label = f"peak RSS MiB, one {args.long_min:g} min source vs 1 min"
     extra_label = f"  of it, {args.repeat}x corpus minus 1x (vs the floor)"
     print(f"""
 {'measure':44s} {'vfm':>10s} {'peer':>10s} {'ratio':>7s}  target
@@ -420,6 +438,7 @@ def main() -> None:
 {summary['last_run_ray_stop_s']:10.2f}
 {'  stage s / cores, no Ray (vs the floor)':44s} {work_s:10.2f} {t_floor:10.2f} {work_s / t_floor:7.2f}
 {mem_label:44s} {rss_many / 2**20:10.0f} {rss_one / 2**20:10.0f} {mem_ratio:7.2f}  flat
+{long_label:44s} {rss_long / 2**20:10.0f} {rss_short / 2**20:10.0f} {rss_long / rss_short:7.2f}
 vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
     print(json.dumps({
         "bench": "curate",
@@ -440,6 +459,7 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "stage_s_per_core_ratio_vs_decode_floor": round(work_s / t_floor, 3),
         "ray_start_s": summary["last_run_ray_start_s"], "ray_stop_s": summary["last_run_ray_stop_s"],
         f"peak_rss_ratio_{args.repeat}x_vs_1x": round(mem_ratio, 3),
+        f"peak_rss_ratio_{args.long_min:g}min_source_vs_1min": round(rss_long / rss_short, 3),
         "frames": frames,
     }))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -32,9 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 from curator.sandbox import Sandbox, SandboxError
 from curator.stages import caption, detect
 from curator.stages.discover import content_hash, discover, largest_first, source_id
-from curator.stages.split import process_source
+from curator.stages.split import SpoolError, process_source
 from curator.stages.transnet import ShotDetector
-from curator.writer import OutputDir, OutputInUseError, OutputWriteError, read_jsonl
+from curator.writer import OutputDir, OutputInUseError, OutputWriteError, read_jsonl, write_error
 
 CURATOR_VERSION = "0.1.0"
 # Sources sent to each SourceWorker at once, the one it works on included. With Ray Data's default
@@ -106,19 +107,25 @@ def validate(cfg: DictConfig) -> None:
         raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
 
 
-def _work(path: str, cfg_dict: dict, boundaries: dict | None = None) -> tuple[dict, list[dict], list[bytes]]:
-    """One source, in the worker's sandbox process."""
+def _work(path: str, cfg_dict: dict, boundaries: dict | None = None,
+          spool: str | None = None) -> tuple[dict, list[dict], list[bytes | str]]:
+    """One source, in the worker's sandbox process: (record, clip metas, the kept clips' mp4s), the
+    mp4s as bytes, or given `spool` (a folder) as the paths of their files there. A failure to write
+    the spool is the run's, not the source's: the record then has `spool_error`."""
     cfg = OmegaConf.create(cfg_dict)
     try:
         sha = content_hash(path)
     except OSError as e:
         return _error(path, f"cannot read file: {e}"), [], []
     sid = source_id(path, sha)
-    record, clips = process_source(path, sid, cfg, boundaries)
+    try:
+        record, clips = process_source(path, sid, cfg, boundaries, spool)
+    except SpoolError as e:
+        return {**_error(path, str(e)), "spool_error": str(e)}, [], []
     record["sha256"] = sha
     metas = [{**c.record(), "scores": c.scores, "shot_index": c.shot_index, "width": c.width, "height": c.height,
               "start_s": c.start_s, "end_s": c.end_s, "num_frames": c.num_frames} for c in clips]
-    return record, metas, [c.mp4 for c in clips if c.kept]
+    return record, metas, [c.mp4_file if spool else c.mp4 for c in clips if c.kept]
 
 
 class ProgressBoard:
@@ -197,12 +204,21 @@ class SourceWorker:
     or hangs on a corrupt stream costs that source an error record, not the run. A light captioner
     (no model) captions the clips here too; a model captioner is a stage of its own. Given
     `progress_board` (a ProgressBoard's name) and `report_every_s`, it tells the board how far it is
-    in each source, once the driver has made the board."""
+    in each source, once the driver has made the board.
+
+    Given `spool`, the run's spool folder, a source's clips go into files in a folder of their own
+    there, as they are encoded, and the row names them (`mp4_files`, and `spool`, their folder)
+    rather than carrying them (`mp4`): a long source's clips never are all in memory, here, in the
+    sandbox or in the driver. Only where this node sees the folder: on a cluster without a shared
+    filesystem, the rows carry the bytes."""
 
     def __init__(self, cfg_dict: dict, timeout_s: float, work: str = "curator.pipeline:_work",
-                 caption_here: bool = False, progress_board: str | None = None, report_every_s: float = 5.0):
+                 caption_here: bool = False, progress_board: str | None = None, report_every_s: float = 5.0,
+                 spool: str | None = None):
         self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
-        self.work = work  # "module:function": (path, cfg_dict, boundaries) -> (record, clip metas, mp4s)
+        # "module:function": (path, cfg_dict, boundaries, spool) -> (record, clip metas, mp4s or their files)
+        self.work = work
+        self.spool = Path(spool) if spool and Path(spool).is_dir() else None
         self.sandbox = Sandbox(preload=work.split(":")[0])
         self.sandbox.start()  # the child loads its libraries while Ray sets up the rest of the pool
         self.captioner = Captioner(cfg_dict["captioner"]) if caption_here else None
@@ -237,17 +253,25 @@ class SourceWorker:
         def progress(note: tuple[int, int]) -> None:  # (frames decoded, frames in the header or 0)
             self._report({"source": path, "frames": note[0], "of": note[1], "elapsed_s": time.monotonic() - start})
 
+        spool = None
+        if self.spool is not None:
+            spool = self.spool / uuid.uuid4().hex
+            spool.mkdir()
         try:
             if boundaries is not None and "error" in boundaries:  # the detection pass failed on this source
                 raise SandboxError(f"shot detection: {boundaries['error']}")
-            record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries,
+            record, metas, mp4s = self.sandbox.run(self.work, path, self.cfg_dict, boundaries, spool and str(spool),
                                                    timeout_s=self.timeout_s, on_progress=progress)
         except SandboxError as e:
             record, metas, mp4s = _error(path, str(e)), [], []
         finally:
             self._report(None)
+        if spool is not None and not mp4s:
+            shutil.rmtree(spool, ignore_errors=True)  # what a source that failed part-way left there
+            spool = None
         record["clips"] = metas
-        row = {"path": path, "record": json.dumps(record), "mp4": mp4s}
+        row = {"path": path, "record": json.dumps(record), "mp4": [] if spool else mp4s,
+               "mp4_files": mp4s if spool else [], "spool": str(spool or "")}
         return self.captioner(row) if self.captioner is not None else row
 
 
@@ -265,11 +289,15 @@ class Captioner:
         record = json.loads(row["record"])
         kept = [c for c in record["clips"] if c["kept"]]
         if kept:
-            for clip, (text, source) in zip(kept, self.captioner(record["source"], kept, list(row["mp4"])),
-                                            strict=True):
+            for clip, (text, source) in zip(kept, self.captioner(record["source"], kept, _mp4s(row)), strict=True):
                 clip["caption"], clip["caption_source"] = text, source
         row["record"] = json.dumps(record)
         return row
+
+
+def _mp4s(row: dict) -> list[bytes | str]:
+    """A row's kept clips: their mp4 bytes, or the paths of their spooled files."""
+    return list(row["mp4"]) or list(row["mp4_files"])
 
 
 def _sample_meta(record: dict, clip: dict, cfg_hash: str) -> dict:
@@ -407,6 +435,25 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
 
+    spool = out.new_spool()
+    try:
+        ray_s = _run(cfg, todo, out, spool, log)
+    except BaseException:  # a full disk, Ctrl-C: no unfinished shard is left behind
+        out.discard_unfinished_shard()
+        raise
+    finally:
+        out.drop_spool(spool)
+    out.close()
+    summary = summarize(out, cfg, time.perf_counter() - t_start, ray_s)
+    out.write_summary(summary)
+    log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
+        f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
+    return summary
+
+
+def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> dict:
+    """The Ray part of a run: every source in `todo` through the chain and into `out`. Returns
+    ray_session's timings. Clips come through `spool` where the workers see it (SourceWorker)."""
     ray_s = {}
     with ray_session(cfg, ray_s) as ray:
         ctx = ray.data.DataContext.get_current()
@@ -423,11 +470,15 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
                         compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
         cap = cfg.captioner
         model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
+        # The captioner's actors read the spooled clips too: on a cluster they may run on a node that
+        # does not see the SourceWorker's, so there the rows carry the clips.
+        spool_here = None if model_stage and cfg.ray.address else str(spool)
         board = f"vfm-progress-{uuid.uuid4().hex}"
         ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
                                                         "caption_here": not model_stage,
                                                         "progress_board": board if cfg.progress_every_s else None,
-                                                        "report_every_s": min(5.0, cfg.progress_every_s)},
+                                                        "report_every_s": min(5.0, cfg.progress_every_s),
+                                                        "spool": spool_here},
                     compute=ray.data.ActorPoolStrategy(size=num_workers,
                                                        max_tasks_in_flight_per_actor=SOURCES_IN_FLIGHT), num_cpus=1)
         if model_stage:
@@ -437,21 +488,12 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
         cfg_hash = config_hash(cfg)
         with ProgressLog(ray, board, cfg.progress_every_s, log):
             for n, row in enumerate(_rows(ds), 1):
-                record = json.loads(row["record"])
-                t0 = time.perf_counter()
-                written = _write(out, record, list(row["mp4"]), cfg_hash)
-                record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
-                out.add_record(_manifest_record(record), written)
+                record = _take(out, row, cfg_hash)
                 kept = sum(c["kept"] for c in record["clips"])
                 status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
                     if record["status"] == "ok" else f"error: {record['error']}"
                 log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
-    out.close()
-    summary = summarize(out, cfg, time.perf_counter() - t_start, ray_s)
-    out.write_summary(summary)
-    log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
-        f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
-    return summary
+    return ray_s
 
 
 def _rows(ds) -> Iterator[dict]:
@@ -462,8 +504,25 @@ def _rows(ds) -> Iterator[dict]:
         yield from batch.to_pylist()  # Python values: str, and bytes as they are
 
 
-def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> set[str]:
-    """Dedup and write the kept clips of one source; returns the keys it has in shards."""
+def _take(out: OutputDir, row: dict, cfg_hash: str) -> dict:
+    """Write one source's row into `out`: its kept clips into shards, its record into the manifest
+    (once they are in complete shards); returns the record. A row whose clips could not be spooled
+    is the run's OutputWriteError, not a record."""
+    record = json.loads(row["record"])
+    if "spool_error" in record:
+        raise write_error(out.spool_dir, record["spool_error"])
+    t0 = time.perf_counter()
+    written = _write(out, record, _mp4s(row), cfg_hash)
+    record.setdefault("timings", {})["write_s"] = time.perf_counter() - t0
+    out.add_record(_manifest_record(record), written)
+    if row["spool"]:
+        shutil.rmtree(row["spool"], ignore_errors=True)
+    return record
+
+
+def _write(out: OutputDir, record: dict, mp4s: list[bytes | str], cfg_hash: str) -> set[str]:
+    """Dedup and write the kept clips of one source (their mp4 bytes, or their spooled files, read
+    one at a time); returns the keys it has in shards."""
     written = set()
     kept = iter(mp4s)
     for clip in record["clips"]:
@@ -479,6 +538,11 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes], cfg_hash: str) -> se
         if dup is not None:
             clip["kept"], clip["reason"] = False, f"duplicate: of {dup}"
             continue
+        if isinstance(mp4, str):
+            try:
+                mp4 = Path(mp4).read_bytes()
+            except OSError as e:
+                raise write_error(out.root, f"a clip's spooled file went missing ({e})") from e
         meta = _sample_meta(record, clip, cfg_hash)
         members = {"mp4": mp4, "txt": clip["caption"].encode(), "json": json.dumps(meta).encode()}
         out.add_sample(key, members, hashes, colours)

@@ -6,6 +6,7 @@ Layout (DESIGN.md "Shards" and "Manifest"):
     <out>/summary.json              rewritten at the end of each run that did work
     <out>/.state/shards.jsonl       per complete shard: its keys and their dedup signatures
     <out>/.state/lock               held (flock) by the run writing the directory: one run at a time
+    <out>/.state/spool/<run>/       the run's encoded clips on their way to a shard (SourceWorker)
 
 After a crash, a rerun skips every input with a manifest record, discards any unfinished shard, and
 never writes a key that a complete shard already holds: no duplicate, missing or truncated samples.
@@ -20,8 +21,10 @@ import functools
 import io
 import json
 import os
+import shutil
 import socket
 import tarfile
+import uuid
 from pathlib import Path
 
 from curator.stages.dedup import DedupIndex
@@ -59,6 +62,12 @@ class OutputWriteError(RuntimeError):
     """The output directory could not be written (a full disk, say)."""
 
 
+def write_error(where: str | os.PathLike, trouble: str | OSError) -> OutputWriteError:
+    """The error for a run that cannot write `where` (in the output): it says what is kept."""
+    return OutputWriteError(f"cannot write {where}: {trouble}. The complete shards and the records in "
+                            "manifest.jsonl are kept: fix that and run the same command again to go on")
+
+
 def _writes(method):
     """An OutputDir method that writes: its OSError (no space left, a quota, a lost mount) becomes
     an OutputWriteError that says what is kept, and the unfinished shard is removed."""
@@ -68,9 +77,8 @@ def _writes(method):
         try:
             return method(self, *args, **kwargs)
         except OSError as e:
-            self._discard_unfinished_shard()
-            raise OutputWriteError(f"cannot write {self.root}: {e}. The complete shards and the records in "
-                                   "manifest.jsonl are kept: fix that and run the same command again to go on") from e
+            self.discard_unfinished_shard()
+            raise write_error(self.root, e) from e
 
     return wrapper
 
@@ -120,6 +128,8 @@ class OutputDir:
         self.samples_per_shard = samples_per_shard
         for stale in self.shard_dir.glob(".shard-*.tmp"):
             stale.unlink()  # an unfinished shard from a killed run; its sources have no record yet
+        self.spool_dir = self.state_dir / "spool"
+        shutil.rmtree(self.spool_dir, ignore_errors=True)  # a killed run's clips; their sources are done again
 
         self.done_sources = {r["source"] for r in read_jsonl(self.manifest_path)}
         shard_records = [r for r in read_jsonl(self.shards_state_path) if (self.shard_dir / r["shard"]).exists()]
@@ -141,6 +151,19 @@ class OutputDir:
         self._keys: list[str] = []
         self._dedup: list[list] = []  # per key: [phashes, colour grids]
         self._waiting: list[tuple[dict, set[str]]] = []  # (manifest record, its keys not yet in a shard)
+
+    @_writes
+    def new_spool(self) -> Path:
+        """A new, empty folder for this run's encoded clips on their way to a shard."""
+        folder = self.spool_dir / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        return folder
+
+    def drop_spool(self, folder: Path) -> None:
+        """Remove a run's spool folder (new_spool) and what is left in it."""
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.spool_dir.rmdir()  # unless another folder is there
 
     # -- samples ----------------------------------------------------------------------------------
 
@@ -200,7 +223,8 @@ class OutputDir:
             _fsync_append(self.manifest_path, json.dumps(record))
             self.done_sources.add(record["source"])
 
-    def _discard_unfinished_shard(self) -> None:
+    def discard_unfinished_shard(self) -> None:
+        """Remove the shard being written: its sources have no record yet, so a rerun does them again."""
         if self._tar is not None:
             with contextlib.suppress(OSError):
                 self._tar.close()

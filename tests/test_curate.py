@@ -680,7 +680,9 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     for name in ("crash.mp4", "hang.mp4"):
         shutil.copy(media_dir / "cuts.mp4", tmp_path / name)
     cfg = OmegaConf.to_container(_cfg(tmp_path, tmp_path / "o"), resolve=True)
-    worker = SourceWorker(cfg, timeout_s=6, work="vfm_testmedia:work_that_crashes_on")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    worker = SourceWorker(cfg, timeout_s=6, work="vfm_testmedia:work_that_crashes_on", spool=str(spool))
     rows = [worker({"path": str(p)}) for p in
             (media_dir / "cuts.mp4", tmp_path / "crash.mp4", media_dir / "fade.mp4", tmp_path / "hang.mp4",
              media_dir / "text.mp4")]
@@ -688,7 +690,51 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     assert [r["status"] for r in records] == ["ok", "error", "ok", "error", "ok"]
     assert records[1]["error"] == "the process running it died (signal SIGSEGV)"
     assert records[3]["error"] == "timed out: no progress for 6s"
-    assert len(rows[0]["mp4"]) == sum(c["kept"] for c in records[0]["clips"]) > 0
+    # The clips come as files in a folder of the source's own; the crashed source's, which it had
+    # written before it died, are gone with their folder.
+    assert rows[0]["mp4"] == [] and len(rows[0]["mp4_files"]) == sum(c["kept"] for c in records[0]["clips"]) > 0
+    assert all(Path(f).parent == Path(rows[0]["spool"]) and Path(f).stat().st_size > 0 for f in rows[0]["mp4_files"])
+    assert rows[1]["spool"] == "" and rows[1]["mp4_files"] == []
+    assert {p.name for p in spool.iterdir()} == {Path(r["spool"]).name for r in rows if r["spool"]}
+
+
+def test_spooled_clips_are_files_of_the_same_bytes_and_none_stays_in_memory(tmp_path, synth_corpus):
+    from curator.stages.split import process_source
+
+    media_dir, _ = synth_corpus
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    _, in_memory = process_source(str(media_dir / "cuts.mp4"), "cuts", cfg)
+    _, spooled = process_source(str(media_dir / "cuts.mp4"), "cuts", cfg, spool=str(tmp_path))
+    kept = [c for c in in_memory if c.kept]
+    assert len(kept) >= 2 and [c.key for c in kept] == [c.key for c in spooled if c.kept]
+    assert all(c.mp4 is None for c in spooled)
+    assert [Path(c.mp4_file).read_bytes() for c in spooled if c.kept] == [c.mp4 for c in kept]
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == sorted(f"{c.key}.mp4" for c in kept)
+
+
+def test_a_full_disk_while_spooling_is_the_runs_error_not_a_record_for_the_source(tmp_path, synth_corpus):
+    """A clip that cannot be written to the spool (a link to /dev/full stands in for a full disk:
+    the kernel's real ENOSPC) is no fault of its source: an error record would mark the source done,
+    and a rerun would skip it. It stops the run with the full disk's error; no record is written."""
+    from curator.pipeline import _take, _work
+    from curator.stages.discover import content_hash, source_id
+    from curator.writer import OutputDir, OutputWriteError, read_jsonl
+
+    path = str(synth_corpus[0] / "cuts.mp4")
+    out = OutputDir(tmp_path / "out", samples_per_shard=10, max_hamming=None)
+    spool = out.new_spool() / "cuts"
+    spool.mkdir()
+    sid = source_id(path, content_hash(path))
+    for i in range(50):
+        (spool / f"{sid}-{i:04d}.mp4").symlink_to("/dev/full")
+    cfg = OmegaConf.to_container(_cfg(tmp_path, tmp_path / "out"), resolve=True)
+    record, metas, mp4s = _work(path, cfg, None, str(spool))
+    assert "No space left on device" in record["spool_error"] and mp4s == []
+    row = {"path": path, "record": json.dumps({**record, "clips": metas}), "mp4": [], "mp4_files": [], "spool": ""}
+    with pytest.raises(OutputWriteError, match=r"spool: \[Errno 28\] No space left on device\. The complete shards"):
+        _take(out, row, "config-hash")
+    assert read_jsonl(out.manifest_path) == [] and not out.done_sources
+    out.release()
 
 
 def test_the_sandbox_timeout_is_on_time_without_progress_so_a_long_source_is_not_cut_off():

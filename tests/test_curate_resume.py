@@ -82,6 +82,7 @@ def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path):
         path.write_bytes(b[key]["mp4"])
         assert len(decord.VideoReader(str(path))) == meta_b["num_frames"]
     assert not list((resumed / "shards").glob(".*"))
+    assert not (clean / ".state" / "spool").exists() and not (resumed / ".state" / "spool").exists()
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["inputs"] == total and summary["kept"] == len(b)
 
@@ -162,3 +163,19 @@ def test_a_torn_state_line_and_a_shard_it_did_not_record_are_undone(tmp_path):
     assert [r["shard"] for r in read_jsonl(again.shards_state_path)] == ["shard-000000.tar", "shard-000001.tar"]
     assert sorted(s["__key__"] for s in wds.WebDataset(sorted(str(p) for p in again.shard_dir.glob("*.tar")),
                                                         shardshuffle=False)) == ["a", "b"]
+
+
+def test_the_clips_a_killed_run_spooled_are_removed_when_the_output_is_opened_again(tmp_path):
+    """A run's clips wait in <out>/.state/spool on their way to a shard; a killed run leaves them
+    there. Their sources have no record, so the next run does them again: it removes the files."""
+    out = OutputDir(tmp_path / "out", samples_per_shard=2, max_hamming=None)
+    folder = out.new_spool() / "a-source"
+    folder.mkdir()
+    (folder / "a-source-0000.mp4").write_bytes(b"\0" * 1000)
+    out.release()  # as a kill -9 does: no drop_spool
+    again = OutputDir(tmp_path / "out", samples_per_shard=2, max_hamming=None)
+    assert not again.spool_dir.exists()
+    spool = again.new_spool()
+    again.drop_spool(spool)
+    assert not again.spool_dir.exists()
+    again.release()

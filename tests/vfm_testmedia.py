@@ -258,9 +258,10 @@ def busy(seconds: float, report: bool) -> str:
     return "done"
 
 
-def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
-    """A SourceWorker job that dies like a decoder segfault on files named crash*, hangs on
-    files named hang*, and curates everything else for real."""
+def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None, spool=None):
+    """A SourceWorker job that dies like a decoder segfault on files named crash*, once it has
+    curated them (its clips are in `spool`, if given), hangs on files named hang*, and curates
+    everything else for real."""
     import os
     import signal
     import time
@@ -268,11 +269,12 @@ def work_that_crashes_on(path: str, cfg_dict: dict, boundaries=None):
     from curator.pipeline import _work
 
     name = Path(path).name
-    if name.startswith("crash"):
-        os.kill(os.getpid(), signal.SIGSEGV)
     if name.startswith("hang"):
         time.sleep(3600)
-    return _work(path, cfg_dict, boundaries)
+    result = _work(path, cfg_dict, boundaries, spool)
+    if name.startswith("crash"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return result
 
 
 def write_tiny_vlm(folder: Path, tokenizer: str | None = None) -> Path:

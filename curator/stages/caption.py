@@ -1,5 +1,5 @@
 """Captioners: `captioner(source, clips, mp4s)` returns (caption, where it came from) for each
-kept clip of one source, given the clips' records and their encoded mp4 bytes.
+kept clip of one source, given the clips' records and their encoded mp4s (bytes, or files).
 
 - `attributes`: a sentence composed from what was measured in the clip; offline, always available.
 - `sidecar`: captions given beside the sources (same-stem .txt or .json, or a CSV of path,caption);
@@ -41,7 +41,7 @@ def attributes_caption(scores: dict) -> str:
 
 
 class AttributesCaptioner:
-    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes | str]) -> list[tuple[str, str]]:
         return [(attributes_caption(c["scores"]), "attributes") for c in clips]
 
 
@@ -72,16 +72,16 @@ class SidecarCaptioner:
             return value.strip() if isinstance(value, str) and value.strip() else None
         return None
 
-    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes | str]) -> list[tuple[str, str]]:
         caption = self._lookup(source)
         if caption is None:
             return [(attributes_caption(c["scores"]), "attributes (no sidecar)") for c in clips]
         return [(caption, "sidecar") for _ in clips]
 
 
-def sample_frames(mp4: bytes, num_frames: int) -> list[np.ndarray]:
-    """`num_frames` frames spread evenly over an encoded clip, (H, W, 3) uint8 each."""
-    with av.open(io.BytesIO(mp4)) as container:
+def sample_frames(mp4: bytes | str, num_frames: int) -> list[np.ndarray]:
+    """`num_frames` frames spread evenly over an encoded clip (its bytes or its file), (H, W, 3) uint8 each."""
+    with av.open(io.BytesIO(mp4) if isinstance(mp4, bytes) else mp4) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     picks = np.linspace(0, len(frames) - 1, num_frames).round().astype(int)
     return [frames[i] for i in picks]
@@ -132,7 +132,7 @@ class VLMCaptioner:
             out += [t.strip() for t in self.processor.batch_decode(new, skip_special_tokens=True)]
         return out
 
-    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes]) -> list[tuple[str, str]]:
+    def __call__(self, source: str, clips: list[dict], mp4s: list[bytes | str]) -> list[tuple[str, str]]:
         texts = self.caption_images([tile(sample_frames(m, self.cfg.num_frames)) for m in mp4s])
         return [(t, "vlm") if t else (attributes_caption(c["scores"]), "attributes (vlm gave no text)")
                 for t, c in zip(texts, clips, strict=True)]

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import av
@@ -38,6 +39,7 @@ class Clip:
     reason: str | None
     scores: dict = field(default_factory=dict)
     mp4: bytes | None = None  # encoded only when kept
+    mp4_file: str | None = None  # or, given a spool folder, the file it was written to
     width: int = 0
     height: int = 0
     shot_index: int = 0
@@ -50,14 +52,22 @@ class Clip:
                 "kept": self.kept, "reason": self.reason}
 
 
+class SpoolError(Exception):
+    """An encoded clip could not be written to the spool folder (a full disk): the run's trouble,
+    not the source's."""
+
+
 class ClipEncoder:
     """Encodes a source's kept clips while decoding goes on: up to `workers` clips at once, each on
     one x264 thread (see media.encode_clip), so a clip's bytes never depend on `workers`. With one
     worker a clip is encoded in the caller, as soon as it is submitted. Frames held in flight are
-    bounded by `workers` clips."""
+    bounded by `workers` clips. Given `spool`, a folder, each clip's mp4 goes into a file there as
+    soon as it is encoded (`Clip.mp4_file`), so that a long source's clips are never all in memory
+    at once; else it stays in `Clip.mp4`."""
 
-    def __init__(self, workers: int, fps: float, transcode, timings: dict):
+    def __init__(self, workers: int, fps: float, transcode, timings: dict, spool: str | None = None):
         self.workers, self.fps, self.t, self.timings = workers, fps, transcode, timings
+        self.spool = Path(spool) if spool else None
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="encode") if workers > 1 else None
         self.in_flight: deque[Future] = deque()
         self.lock = threading.Lock()
@@ -65,7 +75,16 @@ class ClipEncoder:
 
     def _encode(self, clip: Clip, frames: list) -> None:
         t0 = time.perf_counter()
-        clip.mp4 = media.encode_clip(frames, self.fps, self.t.crf, self.t.preset, self.t.keyframe_interval_s)
+        mp4 = media.encode_clip(frames, self.fps, self.t.crf, self.t.preset, self.t.keyframe_interval_s)
+        if self.spool is None:
+            clip.mp4 = mp4
+        else:
+            path = self.spool / f"{clip.key}.mp4"
+            try:
+                path.write_bytes(mp4)
+            except OSError as e:
+                raise SpoolError(str(e)) from e  # the driver says where: the run's spool folder
+            clip.mp4_file = str(path)
         with self.lock:
             self.timings["encode_s"] += time.perf_counter() - t0
 
@@ -425,10 +444,12 @@ def _source_limits(p: media.Probe, cfg) -> str | None:
     return None
 
 
-def process_source(path: str, source_id: str, cfg, boundaries: dict | None = None) -> tuple[dict, list[Clip]]:
+def process_source(path: str, source_id: str, cfg, boundaries: dict | None = None,
+                   spool: str | None = None) -> tuple[dict, list[Clip]]:
     """Curate one source. Returns (manifest record, clips in order). `boundaries`: the cuts and
     transitions of an earlier detection pass (transnet.detect_shots); without them the configured
-    online detector finds the shots."""
+    online detector finds the shots. `spool`: a folder for the kept clips' mp4 files (ClipEncoder);
+    a failure to write there raises SpoolError."""
     record = {"source": path, "source_id": source_id, "status": "error", "error": None,
               "shots": [], "clips": []}
     timings = {"probe_s": 0.0, "decode_detect_s": 0.0, "score_s": 0.0, "encode_s": 0.0}
@@ -452,7 +473,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
     out_fps = cfg.transcode.fps or p.filmed_fps
     framing = transcode_framing(path, p, cfg.transcode)
     detector = GivenBoundaries(**boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
-    encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings)
+    encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings, spool)
     try:
         return _split(path, p, cfg, detector,
                       _Splitter(source_id, p.fps, out_fps, cfg, framing, timings, encoder), record)
