@@ -253,10 +253,7 @@ class SourceWorker:
         def progress(note: tuple[int, int]) -> None:  # (frames decoded, frames in the header or 0)
             self._report({"source": path, "frames": note[0], "of": note[1], "elapsed_s": time.monotonic() - start})
 
-        spool = None
-        if self.spool is not None:
-            spool = self.spool / uuid.uuid4().hex
-            spool.mkdir()
+        spool = self.spool / uuid.uuid4().hex if self.spool is not None else None  # made by its first clip
         try:
             if boundaries is not None and "error" in boundaries:  # the detection pass failed on this source
                 raise SandboxError(f"shot detection: {boundaries['error']}")

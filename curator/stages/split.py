@@ -81,6 +81,7 @@ class ClipEncoder:
         else:
             path = self.spool / f"{clip.key}.mp4"
             try:
+                self.spool.mkdir(exist_ok=True)  # made by the first clip: a source may keep none
                 path.write_bytes(mp4)
             except OSError as e:
                 raise SpoolError(str(e)) from e  # the driver says where: the run's spool folder
