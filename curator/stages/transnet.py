@@ -179,7 +179,8 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     done = 0  # frames judged so far
     for s, e in predictions(model, recent.of(model_frames(path, p))):
         s, e = s[:len(recent) - done], e[:len(recent) - done]  # past the stream's end: padding
-        hot = [x > threshold for x in (single[-1:] or s[:1]) + s]  # hot[j]: frame done + j - 1 (j = 0: frame 0)
+        # As the model's float32, as cuts_from_predictions compares them: hot[j] is frame done + j - 1 (j = 0: frame 0).
+        hot = np.array((single[-1:] or s[:1]) + s, np.float32) > threshold
         pending += [done + j - 1 for j in range(1, len(hot)) if hot[j - 1] and not hot[j] and done + j > 1]
         single += s
         every += e
@@ -190,9 +191,9 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     if not single:
         raise media.MediaError("no decodable video frame")
     flash_at.update((i, is_flash(i)) for i in pending)  # near the end: every frame there is at hand
-    return {"cuts": cuts_from_predictions(np.array(single), threshold,
+    return {"cuts": cuts_from_predictions(np.array(single, np.float32), threshold,
                                           min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__),
-            "transitions": transitions_from_predictions(np.array(every), threshold)}
+            "transitions": transitions_from_predictions(np.array(every, np.float32), threshold)}
 
 
 class ShotDetector:
