@@ -556,6 +556,10 @@ def main_from_config(cfg: DictConfig) -> int:
     except OutputWriteError as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a scheduler: curate() has cleaned up on its way out
+        print("vfm-curate: interrupted. The complete shards and the records in manifest.jsonl are kept: run the "
+              "same command again to go on", file=sys.stderr)
+        return 130
     if cfg.report:
         from curator.report import write_report
 

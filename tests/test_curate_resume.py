@@ -1,6 +1,6 @@
 """kill -9 of a running vfm-curate, then the same command again: the job finishes with no duplicate,
-missing or truncated samples, and the same samples as an uninterrupted run. The same for a full
-disk and for a torn state line; and one run at a time writes an output."""
+missing or truncated samples, and the same samples as an uninterrupted run. The same for Ctrl-C, a
+full disk and a torn state line; and one run at a time writes an output."""
 
 from __future__ import annotations
 
@@ -88,6 +88,32 @@ def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path):
 
     proc = _run(inputs, resumed)
     assert "nothing to do" in _finish(proc)
+
+
+def test_ctrl_c_mid_run_stops_cleanly_and_the_same_command_goes_on(tmp_path):
+    """SIGINT (Ctrl-C, or a scheduler's stop) mid-run: exit 130 with a line that says what is kept, no
+    traceback, no unfinished shard, no spooled clip; the same command then finishes the job."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    synth.write_corpus(inputs, seed=6, num_shape_videos=10)
+    proc = _run(inputs, out)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(read_jsonl(out / "manifest.jsonl")) < 2:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    log = _finish(proc, timeout=60)
+    total = len(list(inputs.glob("*.mp4")))
+    done = len(read_jsonl(out / "manifest.jsonl"))
+    assert proc.returncode == 130 and done < total, log
+    assert "vfm-curate: interrupted. The complete shards and the records in manifest.jsonl are kept" in log
+    assert "Traceback" not in log
+    assert not list((out / "shards").glob(".*")) and not (out / ".state" / "spool").exists()
+
+    proc = _run(inputs, out)
+    log = _finish(proc)
+    assert proc.returncode == 0 and f"curating {total - done} of {total} inputs" in log, log
+    assert sorted(r["source"] for r in read_jsonl(out / "manifest.jsonl")) == \
+        sorted(str(p.resolve()) for p in inputs.glob("*.mp4"))
+    assert len(_samples(out)) == json.loads((out / "summary.json").read_text())["kept"]
 
 
 def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
