@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -359,8 +360,9 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
     """Ray for one run: joins the instance this process already has, or `ray.address`, or starts a
     local one (the default), whose raylet retries its first connections every 0.1 s, not every
     second (LOCAL_RAY_SYSTEM_CONFIG). A local instance started here is stopped on the way out,
-    explicitly: Ray's exit hook would sleep half a second first. `timings`, if given, gets the
-    seconds Ray took to start (or connect) and to stop: `ray_start_s`, `ray_stop_s`."""
+    explicitly: Ray's exit hook would sleep half a second first. A Python SIGTERM handler the process
+    had (vfm-curate's) is put back after Ray's start, which sets its own. `timings`, if given, gets
+    the seconds Ray took to start (or connect) and to stop: `ray_start_s`, `ray_stop_s`."""
     import ray
 
     timings = {} if timings is None else timings
@@ -368,11 +370,14 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
     started = False
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False}
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         if cfg.ray.address:
             ray.init(address=cfg.ray.address, **kwargs)
         else:
             ray.init(num_cpus=cfg.ray.num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **kwargs)
             started = True
+        if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)  # Ray's driver set its own, which only logs and exits
     timings["ray_start_s"] = time.perf_counter() - t0
     try:
         yield ray
@@ -547,6 +552,11 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes | str], cfg_hash: str)
     return written
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (a scheduler ending the job, `kill`), raised in the main thread as Ctrl-C is, so that
+    the run cleans up the same way (see curator.cli)."""
+
+
 def main_from_config(cfg: DictConfig) -> int:
     try:
         curate(cfg)
@@ -556,10 +566,10 @@ def main_from_config(cfg: DictConfig) -> int:
     except OutputWriteError as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a scheduler: curate() has cleaned up on its way out
-        print("vfm-curate: interrupted. The complete shards and the records in manifest.jsonl are kept: run the "
-              "same command again to go on", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a scheduler's SIGTERM (Stopped): curate() cleaned up on its way out
+        print(f"vfm-curate: {'stopped (SIGTERM)' if isinstance(e, Stopped) else 'interrupted'}. The complete shards "
+              "and the records in manifest.jsonl are kept: run the same command again to go on", file=sys.stderr)
+        return 143 if isinstance(e, Stopped) else 130
     if cfg.report:
         from curator.report import write_report
 

@@ -90,21 +90,24 @@ def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path):
     assert "nothing to do" in _finish(proc)
 
 
-def test_ctrl_c_mid_run_stops_cleanly_and_the_same_command_goes_on(tmp_path):
-    """SIGINT (Ctrl-C, or a scheduler's stop) mid-run: exit 130 with a line that says what is kept, no
-    traceback, no unfinished shard, no spooled clip; the same command then finishes the job."""
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "stopped (SIGTERM)")])
+def test_ctrl_c_or_sigterm_mid_run_stops_cleanly_and_the_same_command_goes_on(tmp_path, sig, code, said):
+    """Ctrl-C (SIGINT) or a scheduler's stop (SIGTERM) mid-run: exit 130 or 143 with a line that says
+    what is kept, no traceback, no unfinished shard, no spooled clip; the same command then finishes
+    the job."""
     inputs, out = tmp_path / "in", tmp_path / "out"
     synth.write_corpus(inputs, seed=6, num_shape_videos=10)
     proc = _run(inputs, out)
     deadline = time.time() + 240
     while time.time() < deadline and len(read_jsonl(out / "manifest.jsonl")) < 2:
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, sig)
     log = _finish(proc, timeout=60)
     total = len(list(inputs.glob("*.mp4")))
     done = len(read_jsonl(out / "manifest.jsonl"))
-    assert proc.returncode == 130 and done < total, log
-    assert "vfm-curate: interrupted. The complete shards and the records in manifest.jsonl are kept" in log
+    assert proc.returncode == code and done < total, log
+    assert f"vfm-curate: {said}. The complete shards and the records in manifest.jsonl are kept" in log
     assert "Traceback" not in log
     assert not list((out / "shards").glob(".*")) and not (out / ".state" / "spool").exists()
 
