@@ -39,6 +39,15 @@ def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):
     assert discover(str(listing)) == sorted([str((tree / "a.mp4").resolve()), str((tree / "sub/d.Mov").resolve())])
 
 
+def test_a_folder_or_file_named_with_glob_characters_is_itself_not_a_pattern(tree):
+    folder = tree / "Holiday [2024]"
+    (folder / "day 1").mkdir(parents=True)
+    (folder / "day 1" / "beach?.mp4").write_bytes(b"x")
+    assert discover(str(folder)) == [str(folder / "day 1" / "beach?.mp4")]
+    assert discover(str(folder / "day 1" / "beach?.mp4")) == [str(folder / "day 1" / "beach?.mp4")]
+    assert [Path(p).name for p in discover(str(tree / "sub" / "[bd].*"))] == ["b.MTS", "d.Mov"]  # still a glob
+
+
 @pytest.mark.parametrize("spec, message", [("nope/", "no such file"), ("*.nothing", "matches no file")])
 def test_a_spec_that_names_nothing_says_so(tmp_path, spec, message):
     with pytest.raises(FileNotFoundError, match=message):

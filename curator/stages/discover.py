@@ -21,9 +21,11 @@ LIST_EXTENSIONS = {".txt", ".lst", ".list"}
 
 
 def discover(spec: str) -> list[str]:
-    """Every input video the spec names, as sorted absolute paths (duplicates removed)."""
+    """Every input video the spec names, as sorted absolute paths (duplicates removed). A spec that
+    names an existing file or directory is that path, glob characters in it or not: a folder called
+    `Holiday [2024]` is a folder, not a pattern that matches nothing."""
     path = Path(spec).expanduser()
-    if any(ch in spec for ch in "*?["):
+    if any(ch in spec for ch in "*?[") and not path.exists():
         found = [Path(p) for p in glob.glob(str(path), recursive=True)]
         paths = [p for p in found if p.is_file()]
         if not paths:
