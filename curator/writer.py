@@ -42,15 +42,18 @@ def _fsync_append(path: Path, line: str) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSON-lines file; a torn last line (a crash mid-append) is ignored."""
+    """Records of a JSON-lines file. A line that is not a JSON object is ignored: a torn last line (a
+    crash mid-append), or the zeros or stray bytes a power cut can leave at the end of a file."""
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode(errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 
@@ -119,10 +122,21 @@ class OutputDir:
         try:
             self.shard_dir.mkdir(parents=True, exist_ok=True)
             self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = _lock(self.root, self.state_dir)
         except OSError as e:
             raise OutputWriteError(f"cannot make the output directory {self.root}: {e}") from e
-        self._lock_fd = _lock(self.root, self.state_dir)
         self.locked = self._lock_fd is not None
+        try:
+            self._go_on_from_state(samples_per_shard, max_hamming)
+        except BaseException as e:
+            self.release()  # the directory is free again for the run that follows, in this process too
+            if isinstance(e, OSError):
+                raise OutputWriteError(f"cannot open the output directory {self.root} to go on from it: {e}") from e
+            raise
+
+    def _go_on_from_state(self, samples_per_shard: int, max_hamming: int | None) -> None:
+        """What the runs before this one left: records, complete shards and their keys; the
+        unfinished shard and spooled clips of a killed run are removed."""
         self.manifest_path = self.root / "manifest.jsonl"
         self.shards_state_path = self.state_dir / "shards.jsonl"
         self.samples_per_shard = samples_per_shard

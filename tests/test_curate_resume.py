@@ -208,3 +208,26 @@ def test_the_clips_a_killed_run_spooled_are_removed_when_the_output_is_opened_ag
     again.drop_spool(spool)
     assert not again.spool_dir.exists()
     again.release()
+
+
+def test_a_power_cut_s_stray_bytes_in_the_state_are_skipped_like_a_torn_line(tmp_path):
+    """After a power cut a file can end in zeros or stray bytes where its last append was. Those
+    lines, not UTF-8 and not JSON objects, are skipped like a torn line; the records round them count."""
+    out = OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None)
+    out.add_record({"source": "a.mp4"}, set())
+    out.release()
+    with open(out.manifest_path, "ab") as f:
+        f.write(b"\x00" * 40 + b"\n\xff\xfe{\x9c\n[1, 2]\n\"a string\"\n")
+    out.add_record({"source": "b.mp4"}, set())  # appended by the next run
+    assert OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None).done_sources == {"a.mp4", "b.mp4"}
+
+
+def test_an_output_that_cannot_be_opened_is_a_clear_error_and_is_not_left_locked(tmp_path):
+    """Opening an output reads what earlier runs left there. Where that fails (here its manifest is a
+    folder; a permission or a lost mount does the same), the error says which output, and the lock
+    taken first is let go: the same process can open it once the trouble is fixed."""
+    (tmp_path / "out" / "manifest.jsonl").mkdir(parents=True)
+    with pytest.raises(OutputWriteError, match=r"cannot open the output directory .*out to go on from it: .*Is a dir"):
+        OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None)
+    (tmp_path / "out" / "manifest.jsonl").rmdir()
+    OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None).release()
