@@ -468,7 +468,8 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
         if cfg.detector.name == "transnetv2":
             det = cfg.detector
             ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],
-                                                            "timeout_s": cfg.source_timeout_s},
+                                                            "timeout_s": cfg.source_timeout_s,
+                                                            "threads": cfg_dict["codec_threads"]},
                         compute=ray.data.ActorPoolStrategy(size=det.num_actors), num_cpus=1, num_gpus=det.num_gpus)
         cap = cfg.captioner
         model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker

@@ -23,6 +23,7 @@ from vfm_testmedia import (
     _encode,
     _moving,
     write_bad_and_odd_inputs,
+    write_bit_flipped_vp9,
     write_browser_webm,
     write_dissolve,
     write_looped,
@@ -978,6 +979,34 @@ def test_transnetv2_finds_bikes_cuts_exactly_and_drives_the_transcode_pass(tmp_p
     assert [c["reason"].split(":")[0] for c in dissolve["clips"] if not c["kept"]] == ["transition"]
     assert summary["drop_reasons"]["transition"] == 1
     assert summary["kept"] >= 6
+
+
+def test_transnetv2_decodes_the_frames_the_transcode_pass_cuts_also_in_a_damaged_file(bikes, tmp_path):
+    """TransNetV2's pass gives the transcode pass frame numbers to cut at, so both must decode the
+    same frames. A damaged VP9 file does not decode to the same frames in one thread as in two: the
+    detection pass decodes with the transcode pass's threads, and a record whose passes still
+    disagree says so."""
+    from curator import media
+    from curator.stages.transnet import detect_shots
+
+    path = tmp_path / "damaged.webm"
+    write_bit_flipped_vp9(bikes, path)
+    p = media.probe(str(path))
+    counts = {t: sum(1 for _ in media.decode(str(path), p, (48, 27), None, threads=t)) for t in (1, 2)}
+    assert counts[1] != counts[2], "the file decodes alike in 1 and 2 threads: flip other bits"
+    cfg = _cfg(tmp_path, tmp_path / "out", "detector=transnetv2", "codec_threads=1")
+    detector_cfg = OmegaConf.to_container(cfg.detector, resolve=True)
+
+    given = detect_shots(str(path), detector_cfg, threads=1)
+    record, _ = process_source(str(path), "damaged", cfg, given)
+    assert given["frames"] == record["num_frames"] == counts[1]
+    assert record["shots"][2][0] == 76  # bikes.mp4's cut, past a frame that two threads lose
+    assert "detection pass" not in (record["warning"] or "")
+
+    # As it was: the detection pass in FFmpeg's threads put that cut a frame early in this pass.
+    record, _ = process_source(str(path), "damaged", cfg, detect_shots(str(path), detector_cfg, threads=2))
+    assert record["shots"][2][0] == 75
+    assert f"the detection pass decoded {counts[2]} frames and this pass {counts[1]}" in record["warning"]
 
 
 def test_given_transitions_are_shots_of_their_own_at_the_start_middle_and_end(bikes, tmp_path):

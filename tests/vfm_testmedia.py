@@ -39,6 +39,24 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             c.mux(p)
 
 
+def write_bit_flipped_vp9(bikes: Path, path: Path, frames: int = 100, flips: int = 30, seed: int = 0) -> None:
+    """bikes.mp4's first `frames` at half size as VP9 in WebM, with `flips` bits flipped at random
+    past the headers: a damaged download. FFmpeg's VP9 decoder gives out one frame more of it in one
+    thread than frame-threaded."""
+    import itertools
+    import random
+
+    import av
+
+    with av.open(str(bikes)) as c:
+        pictures = [f.to_ndarray(format="rgb24")[::2, ::2] for f in itertools.islice(c.decode(video=0), frames)]
+    _encode(path, pictures, fps=25, codec="libvpx-vp9")
+    data, rng = bytearray(path.read_bytes()), random.Random(seed)
+    for _ in range(flips):
+        data[rng.randrange(2000, len(data))] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+
+
 def write_looped(src: Path, dst: Path, times: int) -> None:
     """`src`'s video played `times` times over, its packets copied (no encoding): a long source of
     real footage, cheap to make."""

@@ -516,6 +516,10 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         record["error"] = str(e)
         return record, []
     warnings += [w for w in (splitter.timeline.warning(), damage.summary()) if w]
+    given = getattr(detector, "frames", None)
+    if given is not None and given != n:
+        warnings.append(f"the detection pass decoded {given} frames and this pass {n}: its shot boundaries may be "
+                        "off by the difference")
     for b in detector.flush():
         splitter.boundary(b, splitter.trim, b in detector.dark_boundaries, b in detector.transition_starts)
     if n == 0:

@@ -89,13 +89,13 @@ def transitions_from_predictions(pred_all: np.ndarray, threshold: float, min_fra
     return [[int(a), int(b)] for a, b in edges.reshape(-1, 2) if b - a >= min_frames]
 
 
-def model_frames(path: str, p: media.Probe) -> Iterator[np.ndarray]:
+def model_frames(path: str, p: media.Probe, threads: int = 0) -> Iterator[np.ndarray]:
     """(27, 48, 3) uint8 each: the source's frames as the model takes them, the picture without the
     black bars round it (see detect.PictureBox: the part of the frame that has shown picture so
     far). With the bars, a film in a 9:16 phone frame or 4:3 footage in a 16:9 one is a band of the
-    model's 48x27 frame, and it missed cuts in it."""
+    model's 48x27 frame, and it missed cuts in it. `threads`: the decoder's, as in media.decode."""
     box, scaler = PictureBox(), VideoReformatter()
-    for f in media.decode(path, p, DECODE_SIZE, None, fast=True):
+    for f in media.decode(path, p, DECODE_SIZE, None, fast=True, threads=threads):
         rows, cols = box(f.small)
         picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(f.small[rows, cols]), format="rgb24")
         yield scaler.reformat(picture, width=INPUT_SIZE[0], height=INPUT_SIZE[1], interpolation="AREA").to_ndarray()
@@ -162,11 +162,16 @@ class _Recent:
         return self.frames[i % len(self.frames)]
 
 
-def detect_shots(path: str, cfg_dict: dict) -> dict:
+def detect_shots(path: str, cfg_dict: dict, threads: int = 0) -> dict:
     """Runs in the sandbox: decode (reporting progress frame by frame) and predict as the frames
-    come, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans}. Memory
-    does not grow with the source's length: past frames are let go once no flash test needs them
-    (two floats a frame are kept)."""
+    come, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans, "frames":
+    how many were decoded}. Memory does not grow with the source's length: past frames are let go
+    once no flash test needs them (two floats a frame are kept).
+
+    `threads` must be those the transcode pass decodes with (its `codec_threads`): the cuts are
+    frame numbers in that pass. A valid stream decodes to the same frames whatever the threads, but
+    a damaged one need not: a bit-flipped VP9 file gave one frame fewer frame-threaded than in one
+    thread, and every cut after it came a frame early in the transcode pass."""
     p = media.probe(path)
     with keepalive():  # loading torch and the model, the first time, reports no progress of its own
         model = _load()
@@ -177,7 +182,7 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     is_flash = flash_test(recent, flashes)
     single, every, pending, flash_at = [], [], deque(), {}
     done = 0  # frames judged so far
-    for s, e in predictions(model, recent.of(model_frames(path, p))):
+    for s, e in predictions(model, recent.of(model_frames(path, p, threads))):
         s, e = s[:len(recent) - done], e[:len(recent) - done]  # past the stream's end: padding
         # As the model's float32, as cuts_from_predictions compares them: hot[j] is frame done + j - 1 (j = 0: frame 0).
         hot = np.array((single[-1:] or s[:1]) + s, np.float32) > threshold
@@ -193,21 +198,22 @@ def detect_shots(path: str, cfg_dict: dict) -> dict:
     flash_at.update((i, is_flash(i)) for i in pending)  # near the end: every frame there is at hand
     return {"cuts": cuts_from_predictions(np.array(single, np.float32), threshold,
                                           min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__),
-            "transitions": transitions_from_predictions(np.array(every, np.float32), threshold)}
+            "transitions": transitions_from_predictions(np.array(every, np.float32), threshold),
+            "frames": len(single)}
 
 
 class ShotDetector:
     """Ray Data actor: adds `boundaries` (or `detect_error`) to each row."""
 
-    def __init__(self, cfg_dict: dict, timeout_s: float):
-        self.cfg_dict, self.timeout_s = cfg_dict, timeout_s
+    def __init__(self, cfg_dict: dict, timeout_s: float, threads: int = 0):
+        self.cfg_dict, self.timeout_s, self.threads = cfg_dict, timeout_s, threads
         self.sandbox = Sandbox(preload=__name__)
         self.sandbox.start()
 
     def __call__(self, row: dict) -> dict:
         try:
             row["boundaries"] = json.dumps(self.sandbox.run("curator.stages.transnet:detect_shots", row["path"],
-                                                            self.cfg_dict, timeout_s=self.timeout_s))
+                                                            self.cfg_dict, self.threads, timeout_s=self.timeout_s))
         except SandboxError as e:
             row["boundaries"] = json.dumps({"error": str(e)})
         return row
@@ -219,7 +225,8 @@ class GivenBoundaries:
     between them is a transition. `scene_cuts` are the cuts as the model placed them (it places
     one inside most transitions as well)."""
 
-    def __init__(self, cuts: list[int], transitions: list[list[int]] = ()):
+    def __init__(self, cuts: list[int], transitions: list[list[int]] = (), frames: int | None = None):
+        self.frames = frames  # how many frames the earlier pass decoded, where it says
         spans = [(a, b) for a, b in transitions]
         kept = {c for c in cuts if not any(a <= c <= b for a, b in spans)}
         self.pending = sorted(kept | {edge for span in spans for edge in span if edge > 0})
