@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import itertools
 import json
 import random
 import re
@@ -1060,6 +1061,19 @@ def test_ocr_filter_measures_burned_in_text_and_drops_by_it(tmp_path, synth_corp
     strict = conf.compose("curate", ["input=x", "output=y", "filters.ocr=true", "filters.max_text_area=0.01"])
     _, clips = process_source(path, "text", strict)
     assert clips[0].reason.startswith("too_much_text") and clips[1].kept
+
+
+def test_ocr_does_not_take_a_texture_read_as_a_letter_for_text(music_video):
+    """Frames of a real music video in which PP-OCR boxes a shape a third of the frame high or more
+    and reads it as one or two letters, unsure (0.69, 0.72): no text. Two such boxes made over a
+    fifth of the frame text, which dropped the clip (filters.max_text_area is 0.1)."""
+    from curator.stages.score import text_area
+
+    with av.open(str(music_video)) as c:
+        decoded = enumerate(itertools.islice(c.decode(video=0), 768))
+        frames = {i: f.to_ndarray(format="rgb24") for i, f in decoded if i in (430, 767)}  # (90, 160, 3) each
+    for i, frame in frames.items():
+        assert text_area(frame) == (0.0, []), i
 
 
 def test_sidecar_captions_from_txt_json_and_csv_with_fallback(tmp_path, synth_corpus):

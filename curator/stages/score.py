@@ -188,10 +188,17 @@ def black_borders(lumas: list[np.ndarray],
 _ocr_engine = None
 
 
+SURE_OF_A_SHORT_READ = 0.9  # the confidence a read of one or two letters or digits needs to count as text
+
+
 def text_area(frame: np.ndarray, min_confidence: float = 0.5) -> tuple[float, list[str]]:
     """Fraction of an (H, W, 3) RGB frame covered by text that PP-OCR (rapidocr) can read, and the
     text. Boxes whose recognition is unsure, or reads no letter or digit, are not text: detection
-    alone also boxes plain shapes, and recognition reads a square as '■'."""
+    alone also boxes plain shapes, and recognition reads a square as '■'. A read of one or two
+    characters needs SURE_OF_A_SHORT_READ: in real footage detection boxes textures (a bicycle's
+    wheels, a face, a logo's curve), often a third of the frame high, and the Chinese-English
+    recognizer reads each as a letter or a character at 0.5 to 0.8 ('N' over half a music video's
+    frame; 'AA' over a fifth of bikes.mp4's). Such a box dropped a clip for text on its own."""
     global _ocr_engine
     if _ocr_engine is None:
         from rapidocr_onnxruntime import RapidOCR
@@ -200,7 +207,9 @@ def text_area(frame: np.ndarray, min_confidence: float = 0.5) -> tuple[float, li
     result, _ = _ocr_engine(frame[:, :, ::-1], use_cls=False)  # rapidocr reads BGR, as OpenCV does
     area, texts = 0.0, []
     for box, text, confidence in result or []:
-        if any(ch.isalnum() for ch in text) and float(confidence) >= min_confidence:
+        characters = sum(ch.isalnum() for ch in text)
+        sure = min_confidence if characters > 2 else max(min_confidence, SURE_OF_A_SHORT_READ)
+        if characters and float(confidence) >= sure:
             xs, ys = np.array(box)[:, 0], np.array(box)[:, 1]
             area += 0.5 * abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1)))  # shoelace
             texts.append(text)
