@@ -33,9 +33,10 @@ class AdaptiveDetectorConfig:
     threshold: float = 3.0  # score / mean of its neighbours above which a frame starts a shot
     min_content: float = 15.0  # and the raw score must be at least this
     window: int = 2  # neighbours on each side in that mean
-    # A cut this soon after the previous one is not taken (a wipe, a stutter of the picture), in
+    # A cut this soon after the previous one is no scene cut (a wipe, a stutter of the picture), in
     # seconds so that it means the same at 6 fps (an animated GIF, a timelapse) as at 120: 5 frames
-    # at 25 fps. The first cut is taken at any frame: a source may start anywhere in a shot. Music
+    # at 25 fps. It still ends a shot, too short to keep, so that no clip runs through it. The
+    # first cut is taken at any frame: a source may start anywhere in a shot. Music
     # videos and trailers have shots of 6 or 7 frames; at 0.3 s, one of them in a music video (see
     # bench/goldens) was glued to the next shot, and a clip ran through a cut. Down to 0.12 s, in
     # 103 other files, no cut went and only real ones came.

@@ -153,6 +153,30 @@ def test_a_source_that_starts_a_few_frames_before_a_cut_keeps_no_frame_of_the_sh
     assert len(kept) == 3 and all(c["start_frame"] >= first for c in kept)
 
 
+@pytest.mark.parametrize("detector", ["adaptive", "transnetv2"])
+def test_a_shot_shorter_than_min_shot_s_is_a_shot_of_its_own_not_the_start_of_the_next_clip(bikes, tmp_path,
+                                                                                           detector):
+    """Four frames of another shot between two shots (a trailer's flash cut): the second cut is 4
+    frames after the first, under detector.min_shot_s (5 frames at 25 fps). It is no scene cut, as
+    PySceneDetect's min_scene_len has it, but it ends a shot of its own, dropped as too short. Those
+    four frames were the first of the next shot's clip, which then showed two shots."""
+    with av.open(str(bikes)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]  # (272, 640, 3) each
+    path = tmp_path / "flash_cut.mp4"
+    _encode(path, frames[0:30] + frames[140:144] + frames[40:75], fps=25)
+    cfg = _cfg(tmp_path, tmp_path / "out", f"detector={detector}")
+    given = None
+    if detector == "transnetv2":
+        from curator.stages.transnet import detect_shots
+
+        given = detect_shots(str(path), OmegaConf.to_container(cfg.detector, resolve=True))
+    record, _ = process_source(str(path), "flash_cut", cfg, given)
+    assert record["scene_cuts"] == [30]
+    assert record["shots"] == [[0, 30], [30, 34], [34, 69]]
+    kept = [(c["start_frame"], c["end_frame"]) for c in record["clips"] if c["kept"]]
+    assert kept and all(start >= 34 or end <= 30 for start, end in kept)
+
+
 def _bikes_with_flashes(bikes: Path, path: Path) -> Path:
     """bikes.mp4 re-encoded with a 3-frame flash, a black frame (a capture's dropped frame), a white
     frame in fast motion, a strobe, and its fourth shot made a night scene with lightning in it:

@@ -92,6 +92,9 @@ class AdaptiveDetector:
     for comparing with it: hard cuts, hard cuts into and out of black, and the first frame of
     content rising out of a dark run that a fade out began (fade out, black, fade in). A fade out
     into black starts nothing, nor does the fade in after a hard cut to black (that cut did).
+    A cut closer than `min_shot_frames` to the one before is no scene cut (as PySceneDetect's
+    min_scene_len has it), but it is a shot boundary: the frames between are a shot of their own,
+    too short to keep, rather than the first frames of the next shot's clip.
     """
 
     def __init__(self, threshold: float = 3.0, min_content: float = 15.0, window: int = 2,
@@ -140,8 +143,7 @@ class AdaptiveDetector:
         neighbours = self._side(i, -1) + self._side(i, +1)
         mean = max(sum(neighbours) / max(len(neighbours), 1), 1e-3)
         score = self.scores[i]
-        return (score >= self.min_content and score / mean >= self.threshold
-                and i - self._last_cut >= self.min_shot_frames and not self._flash_at(i))
+        return score >= self.min_content and score / mean >= self.threshold and not self._flash_at(i)
 
     def _flash_at(self, i: int) -> bool:
         """Whether the change at frame i goes into or out of a flash (see flash_end); the frames up
@@ -171,8 +173,9 @@ class AdaptiveDetector:
             self._dark_edge(i, out)
         elif not in_run and self._is_cut(i):
             out.append(i)
-            self.scene_cuts.append(i)
-            self._last_cut = i
+            if i - self._last_cut >= self.min_shot_frames:
+                self.scene_cuts.append(i)
+                self._last_cut = i
 
     def _dark_edge(self, i: int, out: list[int]) -> None:
         """Frame i enters or leaves a dark run: a shot boundary whatever the content score says."""

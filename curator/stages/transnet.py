@@ -48,17 +48,22 @@ def _load(device: str | None = None):
 
 
 def cuts_from_predictions(pred: np.ndarray, threshold: float, min_shot_frames: int,
-                          is_flash=lambda i: False) -> list[int]:
-    """Frames that start a new shot: the first frame after each run of frames predicted to be a
-    transition, at least `min_shot_frames` after the previous cut, unless `is_flash(frame)`. The
-    first cut may come at any frame: a source may start anywhere in a shot."""
+                          is_flash=lambda i: False) -> tuple[list[int], list[int]]:
+    """(cuts, close): frames that start a new shot, the first frame after each run of frames
+    predicted to be a transition, unless `is_flash(frame)`. `cuts` are those at least
+    `min_shot_frames` after the previous cut; `close` the others, which start a shot too short to
+    keep rather than nothing (see detect.AdaptiveDetector). The first cut may come at any frame: a
+    source may start anywhere in a shot."""
     hot = pred > threshold
-    cuts, last = [], -min_shot_frames
+    cuts, close, last = [], [], -min_shot_frames
     for i in range(1, len(hot)):
-        if hot[i - 1] and not hot[i] and i - last >= min_shot_frames and not is_flash(i):
-            cuts.append(i)
-            last = i
-    return cuts
+        if hot[i - 1] and not hot[i] and not is_flash(i):
+            if i - last >= min_shot_frames:
+                cuts.append(i)
+                last = i
+            else:
+                close.append(i)
+    return cuts, close
 
 
 MIN_FLASH_CHANGE = 15.0  # mean levels: the least change of picture a flash makes (detect's min_content)
@@ -164,8 +169,9 @@ class _Recent:
 
 def detect_shots(path: str, cfg_dict: dict, threads: int = 0) -> dict:
     """Runs in the sandbox: decode (reporting progress frame by frame) and predict as the frames
-    come, threshold. {"cuts": frames that start a shot, "transitions": [start, end) spans, "frames":
-    how many were decoded}. Memory does not grow with the source's length: past frames are let go
+    come, threshold. {"cuts": frames that start a shot, "close": those closer than `min_shot_s` to
+    the cut before (see cuts_from_predictions), "transitions": [start, end) spans, "frames": how many
+    were decoded}. Memory does not grow with the source's length: past frames are let go
     once no flash test needs them (two floats a frame are kept).
 
     `threads` must be those the transcode pass decodes with (its `codec_threads`): the cuts are
@@ -196,8 +202,9 @@ def detect_shots(path: str, cfg_dict: dict, threads: int = 0) -> dict:
     if not single:
         raise media.MediaError("no decodable video frame")
     flash_at.update((i, is_flash(i)) for i in pending)  # near the end: every frame there is at hand
-    return {"cuts": cuts_from_predictions(np.array(single, np.float32), threshold,
-                                          min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__),
+    cuts, close = cuts_from_predictions(np.array(single, np.float32), threshold,
+                                        min_shot_frames(cfg_dict["min_shot_s"], p.fps), flash_at.__getitem__)
+    return {"cuts": cuts, "close": close,
             "transitions": transitions_from_predictions(np.array(every, np.float32), threshold),
             "frames": len(single)}
 
@@ -222,13 +229,14 @@ class ShotDetector:
 class GivenBoundaries:
     """The online detector interface over cuts and transitions found by an earlier pass: a
     transition's first and end frames are shot boundaries (a cut inside it is not), and the shot
-    between them is a transition. `scene_cuts` are the cuts as the model placed them (it places
-    one inside most transitions as well)."""
+    between them is a transition. A `close` cut is a shot boundary too. `scene_cuts` are the cuts
+    as the model placed them (it places one inside most transitions as well)."""
 
-    def __init__(self, cuts: list[int], transitions: list[list[int]] = (), frames: int | None = None):
+    def __init__(self, cuts: list[int], transitions: list[list[int]] = (), frames: int | None = None,
+                 close: list[int] = ()):
         self.frames = frames  # how many frames the earlier pass decoded, where it says
         spans = [(a, b) for a, b in transitions]
-        kept = {c for c in cuts if not any(a <= c <= b for a, b in spans)}
+        kept = {c for c in (*cuts, *close) if not any(a <= c <= b for a, b in spans)}
         self.pending = sorted(kept | {edge for span in spans for edge in span if edge > 0})
         self.scene_cuts = sorted(cuts)
         self.dark_boundaries: set[int] = set()
