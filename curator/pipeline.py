@@ -372,7 +372,12 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
         kwargs = {"include_dashboard": False, "log_to_driver": False}
         on_sigterm = signal.getsignal(signal.SIGTERM)
         if cfg.ray.address:
-            ray.init(address=cfg.ray.address, **kwargs)
+            try:
+                ray.init(address=cfg.ray.address, **kwargs)
+            except (ConnectionError, RuntimeError) as e:  # no cluster there, or one of another Ray version
+                raise ClusterError(f"ray.address={cfg.ray.address!r}: cannot join that Ray cluster: {e}. Start one "
+                                   "(`ray start --head` on its head node), or leave ray.address unset for a local "
+                                   "Ray of the run's own") from e
         else:
             ray.init(num_cpus=cfg.ray.num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **kwargs)
             started = True
@@ -436,6 +441,8 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
         log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
+    if cfg.ray.address:  # an address that does not answer, Ray retries for minutes: say what the wait is
+        log(f"joining the Ray cluster at {cfg.ray.address}")
 
     spool = out.new_spool()
     try:
@@ -553,6 +560,10 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes | str], cfg_hash: str)
     return written
 
 
+class ClusterError(RuntimeError):
+    """The Ray cluster that `ray.address` names cannot be joined."""
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM (a scheduler ending the job, `kill`), raised in the main thread as Ctrl-C is, so that
     the run cleans up the same way (see curator.cli)."""
@@ -561,7 +572,7 @@ class Stopped(KeyboardInterrupt):
 def main_from_config(cfg: DictConfig) -> int:
     try:
         curate(cfg)
-    except (ValueError, FileNotFoundError, NotADirectoryError, OutputInUseError) as e:
+    except (ValueError, FileNotFoundError, NotADirectoryError, OutputInUseError, ClusterError) as e:
         print(f"vfm-curate: {e}", file=sys.stderr)
         return 2
     except OutputWriteError as e:

@@ -6,6 +6,7 @@ import datetime
 import io
 import itertools
 import json
+import os
 import random
 import re
 import shutil
@@ -685,6 +686,20 @@ def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
     with pytest.raises(FileNotFoundError, match="no such file"):
         curate(_cfg(tmp_path / "missing", tmp_path / "o"))
     assert not (tmp_path / "o").exists()
+
+
+def test_a_ray_address_with_no_cluster_is_a_clear_error_not_a_traceback(tmp_path, synth_corpus):
+    """`ray.address=auto` where no cluster runs (a laptop): exit 2 with a line saying what to do, not
+    Ray's ConnectionError through Hydra's traceback. RAY_TMPDIR keeps `auto` from finding a local
+    Ray that another test started."""
+    media_dir, _ = synth_corpus
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_ADDRESS": ""}
+    proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={media_dir}", f"output={tmp_path / 'o'}",
+                           "ray.address=auto"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "vfm-curate: ray.address='auto': cannot join that Ray cluster" in proc.stderr
+    assert "ray start --head" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
 
 
 def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
