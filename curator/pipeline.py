@@ -374,8 +374,9 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
         if cfg.ray.address:
             try:
                 ray.init(address=cfg.ray.address, **kwargs)
-            except (ConnectionError, RuntimeError) as e:  # no cluster there, or one of another Ray version
-                raise ClusterError(f"ray.address={cfg.ray.address!r}: cannot join that Ray cluster: {e}. Start one "
+            except (ConnectionError, RuntimeError, ValueError) as e:  # none there, another Ray version, no address
+                why = str(e).rstrip(".")
+                raise ClusterError(f"ray.address={cfg.ray.address!r}: cannot join that Ray cluster: {why}. Start one "
                                    "(`ray start --head` on its head node), or leave ray.address unset for a local "
                                    "Ray of the run's own") from e
         else:
