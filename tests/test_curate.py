@@ -1136,3 +1136,22 @@ def test_sidecar_captions_from_txt_json_and_csv_with_fallback(tmp_path, synth_co
     # The generator's single-shot videos carry their captions as same-stem .txt files.
     name = "shapes-000.mp4"
     assert cap(str(media_dir / name), clips[:1], [])[0] == (truth[name]["shots"][0]["caption"], "sidecar")
+
+
+def test_sidecar_captions_as_excel_and_notepad_save_them(tmp_path):
+    """A byte order mark (Excel's "CSV UTF-8", Notepad), UTF-16 (Notepad's "Unicode") and Latin-1:
+    the caption as written, not with a mark before it, a JSON file that does not parse, noise, or
+    a failed source. (The files are never opened as videos here: the captioner reads beside them.)"""
+    from curator.stages.caption import SidecarCaptioner
+
+    clips = [{"scores": {"background_colour": "gray"}}]
+    (tmp_path / "a.txt").write_bytes("\ufeffun café au bord de l'eau\n".encode())
+    (tmp_path / "b.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"caption": "two cats"}).encode())
+    (tmp_path / "c.txt").write_text("a dog on a beach", encoding="utf-16")
+    (tmp_path / "d.txt").write_bytes("un caf\xe9".encode("latin-1"))
+    (tmp_path / "caps.csv").write_bytes("\ufeffe.mp4,a city at night\r\nf.mp4,\"rain, then sun\"\r\n".encode())
+    cap = SidecarCaptioner(OmegaConf.create({"name": "sidecar", "csv": str(tmp_path / "caps.csv")}))
+    found = {name: cap(str((tmp_path / f"{name}.mp4").resolve()), clips, [])[0] for name in "abcdef"}
+    assert found == {"a": ("un café au bord de l'eau", "sidecar"), "b": ("two cats", "sidecar"),
+                     "c": ("a dog on a beach", "sidecar"), "d": ("un caf\ufffd", "sidecar"),
+                     "e": ("a city at night", "sidecar"), "f": ("rain, then sun", "sidecar")}

@@ -45,6 +45,17 @@ class AttributesCaptioner:
         return [(attributes_caption(c["scores"]), "attributes") for c in clips]
 
 
+def read_sidecar(path: Path) -> str:
+    """A caption file's text, as the tools that write them save it: UTF-8, with the byte order mark
+    Excel's "CSV UTF-8" and Windows' Notepad put first (it stayed at the caption's start, and JSON
+    would not parse), or UTF-16 (Notepad's "Unicode", which read as UTF-8 was noise). Bytes of no
+    such encoding (Latin-1, say) come out as replacement characters rather than failing the source."""
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16", errors="replace")
+    return data.decode("utf-8-sig", errors="replace")
+
+
 class SidecarCaptioner:
     def __init__(self, cfg):
         self.table: dict[str, str] = {}
@@ -52,10 +63,9 @@ class SidecarCaptioner:
             path = Path(cfg.csv)
             if not path.is_file():
                 raise FileNotFoundError(f"captioner.csv={cfg.csv!r}: no such file")
-            with open(path, newline="") as f:
-                for row in csv.reader(f):
-                    if len(row) >= 2 and row[0] != "path":
-                        self.table[str((path.parent / row[0]).resolve())] = row[1].strip()
+            for row in csv.reader(io.StringIO(read_sidecar(path), newline="")):
+                if len(row) >= 2 and row[0] != "path":
+                    self.table[str((path.parent / row[0]).resolve())] = row[1].strip()
 
     def _lookup(self, source: str) -> str | None:
         if source in self.table:
@@ -63,10 +73,10 @@ class SidecarCaptioner:
         stem = Path(source).with_suffix("")
         txt, js = stem.with_suffix(".txt"), stem.with_suffix(".json")
         if txt.is_file():
-            return txt.read_text(errors="replace").strip() or None
+            return read_sidecar(txt).strip() or None
         if js.is_file():
             try:
-                value = json.loads(js.read_text()).get("caption")
+                value = json.loads(read_sidecar(js)).get("caption")
             except (json.JSONDecodeError, AttributeError):
                 return None
             return value.strip() if isinstance(value, str) and value.strip() else None
