@@ -35,7 +35,8 @@ def test_a_broken_link_in_a_directory_is_an_input_that_cannot_be_read_not_a_sile
 def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):
     assert [Path(p).name for p in discover(str(tree / "sub" / "*.gif"))] == ["f.gif"]
     listing = tree / "sub" / "inputs.txt"
-    listing.write_text("# two videos, relative to the list\nd.Mov\n\n../a.mp4\nd.Mov\n")
+    # As Notepad saves it: a byte order mark, CRLF.
+    listing.write_text("\ufeff# two videos, relative to the list\r\nd.Mov\r\n\r\n../a.mp4\r\nd.Mov\r\n")
     assert discover(str(listing)) == sorted([str((tree / "a.mp4").resolve()), str((tree / "sub/d.Mov").resolve())])
 
 

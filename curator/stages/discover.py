@@ -37,7 +37,8 @@ def discover(spec: str) -> list[str]:
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: no video files ({', '.join(sorted(VIDEO_EXTENSIONS))}) in it")
     elif path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
-        lines = [ln.strip() for ln in path.read_text().splitlines()]
+        # utf-8-sig: a byte order mark (Notepad, Excel) is not part of the first path.
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]
         paths = [(path.parent / ln) for ln in lines if ln and not ln.startswith("#")]
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: the list file names no videos")
