@@ -497,22 +497,50 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
                         compute=ray.data.ActorPoolStrategy(size=cap.num_actors), num_cpus=1, num_gpus=cap.num_gpus)
 
         cfg_hash = config_hash(cfg)
-        with ProgressLog(ray, board, cfg.progress_every_s, log):
-            for n, row in enumerate(_rows(ds), 1):
-                record = _take(out, row, cfg_hash)
-                kept = sum(c["kept"] for c in record["clips"])
-                status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
-                    if record["status"] == "ok" else f"error: {record['error']}"
-                log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
+        before, finished = set(threading.enumerate()), False
+        rows = _rows(ds)
+        try:
+            with ProgressLog(ray, board, cfg.progress_every_s, log):
+                for n, row in enumerate(rows, 1):
+                    record = _take(out, row, cfg_hash)
+                    kept = sum(c["kept"] for c in record["clips"])
+                    status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
+                        if record["status"] == "ok" else f"error: {record['error']}"
+                    log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
+            finished = True
+        finally:
+            # A run stopped part-way (Ctrl-C, SIGTERM, a full disk) stopped Ray while Ray Data's
+            # threads were still fetching blocks, and their next call into Ray ended the process with
+            # exit 1 before the run could say why it stopped. Its executor stops here, and its
+            # threads are given a moment to end. (Its block prefetcher's thread waits parked for
+            # good, calling nothing: that is the moment's cost.)
+            rows.close()
+            if not finished:
+                _join_threads_since(before, RAY_DATA_THREADS_S)
     return ray_s
+
+
+RAY_DATA_THREADS_S = 2.0  # the longest a run stopped part-way waits for Ray Data's threads to end
+
+
+def _join_threads_since(before: set[threading.Thread], timeout_s: float) -> None:
+    """Wait, `timeout_s` at most in all, for the threads started since `before` to end."""
+    deadline = time.monotonic() + timeout_s
+    for thread in set(threading.enumerate()) - before:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _rows(ds) -> Iterator[dict]:
     """The dataset's rows, each as soon as it is done (and those before it, in order). iter_rows()
     holds a row back until the next one is done too (its prefetch): a source's clips were written,
     and its line logged, only once the next source was through, however long that one took."""
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
-        yield from batch.to_pylist()  # Python values: str, and bytes as they are
+    batches = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
+    try:
+        for batch in batches:
+            yield from batch.to_pylist()  # Python values: str, and bytes as they are
+    finally:
+        batches.close()  # Ray Data shuts its executor down as it closes
 
 
 def _take(out: OutputDir, row: dict, cfg_hash: str) -> dict:
