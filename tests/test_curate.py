@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from vfm_testmedia import (
     _encode,
     _moving,
+    bikes_frames,
     write_bad_and_odd_inputs,
     write_bit_flipped_vp9,
     write_browser_webm,
@@ -131,9 +132,7 @@ def test_a_short_shot_in_a_low_frame_rate_gif_is_a_shot_of_its_own(tmp_path):
 
 def _bikes_from(bikes: Path, start: int, path: Path) -> Path:
     """bikes.mp4 from frame `start` on, re-encoded: its cuts come `start` frames earlier."""
-    with av.open(str(bikes)) as c:
-        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)][start:]  # (272, 640, 3) each
-    _encode(path, frames, fps=25)
+    _encode(path, list(bikes_frames(bikes)[start:]), fps=25)
     return path
 
 
@@ -160,8 +159,7 @@ def test_a_shot_shorter_than_min_shot_s_is_a_shot_of_its_own_not_the_start_of_th
     frames after the first, under detector.min_shot_s (5 frames at 25 fps). It is no scene cut, as
     PySceneDetect's min_scene_len has it, but it ends a shot of its own, dropped as too short. Those
     four frames were the first of the next shot's clip, which then showed two shots."""
-    with av.open(str(bikes)) as c:
-        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]  # (272, 640, 3) each
+    frames = list(bikes_frames(bikes))  # (272, 640, 3) each
     path = tmp_path / "flash_cut.mp4"
     _encode(path, frames[0:30] + frames[140:144] + frames[40:75], fps=25)
     cfg = _cfg(tmp_path, tmp_path / "out", f"detector={detector}")
@@ -181,8 +179,7 @@ def _bikes_with_flashes(bikes: Path, path: Path) -> Path:
     """bikes.mp4 re-encoded with a 3-frame flash, a black frame (a capture's dropped frame), a white
     frame in fast motion, a strobe, and its fourth shot made a night scene with lightning in it:
     its five cuts and no more."""
-    with av.open(str(bikes)) as c:
-        frames = [f.to_ndarray(format="rgb24").astype(np.float32) for f in c.decode(video=0)]  # (272, 640, 3)
+    frames = [f.astype(np.float32) for f in bikes_frames(bikes)]  # (272, 640, 3)
     for i in range(137, 187):
         frames[i] *= 0.06  # a dark shot: a dark run of its own, entered and left by a cut
     for i in (40, 41, 42, 160, 170, 171, 200, 208, 216, 224):
@@ -218,8 +215,7 @@ def test_repeated_frames_do_not_make_motion_a_cut(bikes, tmp_path, fps, pictures
     made fast motion stand out as cuts (at 60 fps, at 2.73 s and 3.88 s in bikes). At 8 pictures a
     second a cut in bikes' fastest motion stands out no more than the motion itself: there a cut
     may be missed, but none is made up."""
-    with av.open(str(bikes)) as c:
-        pictures = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]  # (272, 640, 3) each
+    pictures = bikes_frames(bikes)  # (272, 640, 3) each
     step = 25 / pictures_per_s
     frames = [pictures[min(249, int(int(k * pictures_per_s / fps) * step))] for k in range(round(250 * fps / 25))]
     path = tmp_path / f"repeats_{fps}.mp4"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -39,18 +40,26 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             c.mux(p)
 
 
+@functools.cache
+def bikes_frames(bikes: Path) -> tuple:
+    """bikes.mp4's 250 frames, (272, 640, 3) uint8 RGB each, read-only: decoded once for all the
+    tests that re-encode them."""
+    import av
+
+    with av.open(str(bikes)) as c:
+        frames = tuple(f.to_ndarray(format="rgb24") for f in c.decode(video=0))
+    for f in frames:
+        f.flags.writeable = False
+    return frames
+
+
 def write_bit_flipped_vp9(bikes: Path, path: Path, frames: int = 100, flips: int = 30, seed: int = 0) -> None:
     """bikes.mp4's first `frames` at half size as VP9 in WebM, with `flips` bits flipped at random
     past the headers: a damaged download. FFmpeg's VP9 decoder gives out one frame more of it in one
     thread than frame-threaded."""
-    import itertools
     import random
 
-    import av
-
-    with av.open(str(bikes)) as c:
-        pictures = [f.to_ndarray(format="rgb24")[::2, ::2] for f in itertools.islice(c.decode(video=0), frames)]
-    _encode(path, pictures, fps=25, codec="libvpx-vp9")
+    _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:frames]], fps=25, codec="libvpx-vp9")
     data, rng = bytearray(path.read_bytes()), random.Random(seed)
     for _ in range(flips):
         data[rng.randrange(2000, len(data))] ^= 1 << rng.randrange(8)
