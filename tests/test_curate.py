@@ -175,6 +175,24 @@ def test_a_shot_shorter_than_min_shot_s_is_a_shot_of_its_own_not_the_start_of_th
     assert kept and all(start >= 34 or end <= 30 for start, end in kept)
 
 
+def test_a_source_split_a_frame_past_a_cut_has_no_frame_of_the_next_shot_in_its_clips(bikes, music_video, tmp_path):
+    """Inputs that another tool split into shots can end a frame or two past a cut. There the cut's
+    frame has fewer than two neighbours after it, and its change, beside fast motion, was only 2.1
+    to 2.6 times the mean of those left: the next shot's first frames ended the last clip (bikes
+    cut after frame 76; the music video after frame 1013 and 1014)."""
+    with av.open(str(music_video)) as c:
+        video = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]  # (90, 160, 3) each
+    sources = {"bikes_to_76.mp4": (list(bikes_frames(bikes))[:77], 76),
+               "music_to_1013.mp4": (video[900:1014], 1013 - 900),
+               "music_to_1014.mp4": (video[900:1015], 1013 - 900)}
+    for name, (frames, cut) in sources.items():
+        _encode(tmp_path / name, frames, fps=25)
+        record, _ = process_source(str(tmp_path / name), name, _cfg(tmp_path, tmp_path / "out"))
+        assert cut in [s for s, _ in record["shots"]], (name, record["shots"])
+        kept = [(c["start_frame"], c["end_frame"]) for c in record["clips"] if c["kept"]]
+        assert kept and all(start >= cut or end <= cut for start, end in kept), (name, kept)
+
+
 def _bikes_with_flashes(bikes: Path, path: Path) -> Path:
     """bikes.mp4 re-encoded with a 3-frame flash, a black frame (a capture's dropped frame), a white
     frame in fast motion, a strobe, and its fourth shot made a night scene with lightning in it:

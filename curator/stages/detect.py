@@ -143,7 +143,19 @@ class AdaptiveDetector:
         neighbours = self._side(i, -1) + self._side(i, +1)
         mean = max(sum(neighbours) / max(len(neighbours), 1), 1e-3)
         score = self.scores[i]
-        return score >= self.min_content and score / mean >= self.threshold and not self._flash_at(i)
+        return score >= self.min_content and score / mean >= self._threshold_at(i) and not self._flash_at(i)
+
+    def _threshold_at(self, i: int) -> float:
+        """The ratio a change at frame i needs. Once the stream has ended (flush), its last frames
+        have fewer than `window` neighbours after them, and those left before are the ones most
+        like the cut's own frame: beside a cut out of fast motion, only the moving shot's frames.
+        There the ratio needed goes down towards 1 with the share of neighbours missing: a source
+        cut from a longer one a frame past a cut (clips split by another tool) ended its last clip
+        with the next shot's first frame, whose change was 2.1 to 2.6 times its neighbours' mean.
+        Wrong there, a boundary costs the last clip a frame or two. Not so at the stream's start:
+        a camera's exposure settling in its first frames would stand out as a cut."""
+        after = len(self.scores) - 1 - i
+        return 1 + (self.threshold - 1) * min(1.0, (self.window + after) / (2 * self.window))
 
     def _flash_at(self, i: int) -> bool:
         """Whether the change at frame i goes into or out of a flash (see flash_end); the frames up
