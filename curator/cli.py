@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401  (registers the structured configs)
+from curator import tolerant_stdio
 from curator.pipeline import Stopped, main_from_config
 
 
@@ -25,6 +26,7 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    tolerant_stdio()
     _app()
 
 

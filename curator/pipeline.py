@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -104,6 +105,13 @@ def validate(cfg: DictConfig) -> None:
         caption.check_vlm(cfg.captioner)
     else:
         caption.build_captioner(cfg.captioner)
+    for key in ("input", "output"):
+        try:
+            str(cfg[key]).encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{key}={cfg[key]!r}: the path is not UTF-8, and Ray cannot start a run with it on the "
+                             "command line. Rename it" + (", or name the videos in a list file (input=list.txt)"
+                                                       if key == "input" else "")) from None
     if Path(cfg.output).exists() and not Path(cfg.output).is_dir():
         raise NotADirectoryError(f"output={cfg.output!r} is a file; give a directory")
 
@@ -247,7 +255,7 @@ class SourceWorker:
             self.board_name = None
 
     def __call__(self, row: dict) -> dict:
-        path = row["path"]
+        path = os.fsdecode(row["path"])  # the name's bytes (see _run)
         boundaries = json.loads(row["boundaries"]) if "boundaries" in row else None
         start = time.monotonic()
 
@@ -268,7 +276,7 @@ class SourceWorker:
             shutil.rmtree(spool, ignore_errors=True)  # what a source that failed part-way left there
             spool = None
         record["clips"] = metas
-        row = {"path": path, "record": json.dumps(record), "mp4": [] if spool else mp4s,
+        row = {"path": row["path"], "record": json.dumps(record), "mp4": [] if spool else mp4s,
                "mp4_files": mp4s if spool else [], "spool": str(spool or "")}
         return self.captioner(row) if self.captioner is not None else row
 
@@ -472,7 +480,9 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         if cfg_dict["codec_threads"] is None:
             cfg_dict["codec_threads"] = 1 if num_workers > 1 else 0
-        ds = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=len(todo))
+        # Paths as the filesystem's bytes: a name that is not UTF-8 (a str with surrogates) is no
+        # Arrow string, and Ray Data warned as it fell back to pickling the column.
+        ds = ray.data.from_items([{"path": os.fsencode(p)} for p in todo], override_num_blocks=len(todo))
         if cfg.detector.name == "transnetv2":
             det = cfg.detector
             ds = ds.map(ShotDetector, fn_constructor_kwargs={"cfg_dict": cfg_dict["detector"],

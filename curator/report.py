@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from curator import tolerant_stdio
 from curator.writer import read_jsonl
 
 THUMB_HEIGHT = 72
@@ -395,7 +396,8 @@ def write_report(root: str | Path, max_kept: int = 48, max_dropped: int = 12, se
 
     html_text = page(summary, charts, cards(kept_pick), {k: cards(v) for k, v in dropped_pick.items()},
                      len(kept), {k: len(v) for k, v in by_reason.items()})
-    (tmp / "index.html").write_text(html_text)
+    # A source name that is not UTF-8 (surrogates in Python) shows as "?", rather than failing the page.
+    (tmp / "index.html").write_text(html_text, encoding="utf-8", errors="replace")
     final = root / "report"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -411,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-dropped", type=int, default=12, help="dropped clips shown per drop reason")
     parser.add_argument("--seed", type=int, default=0, help="seeds which clips are shown")
     args = parser.parse_args(argv)
+    tolerant_stdio()
     try:
         write_report(args.output, args.max_kept, args.max_dropped, args.seed)
     except (FileNotFoundError, ValueError) as e:

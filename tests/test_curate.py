@@ -6,6 +6,7 @@ import datetime
 import io
 import itertools
 import json
+import os
 import random
 import re
 import shutil
@@ -712,6 +713,44 @@ def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_co
     assert "vfm-curate: ray.address='localhost': cannot join that Ray cluster: Invalid address" in proc.stderr
     assert "ray start --head" in proc.stderr and "Traceback" not in proc.stderr
     assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
+
+
+def test_a_file_name_that_is_not_utf8_is_curated_logged_and_gone_on_from(tmp_path, bikes):
+    """Names copied from an old Windows or FAT drive, or out of a zip, can hold bytes that are not
+    UTF-8 (here Latin-1's é); Python has them as str with surrogates. The source id's hash refused
+    to encode such a name (an error record, `UnicodeEncodeError`), and under a UTF-8 locale such
+    as en_US.UTF-8 (stdout strict: PYTHONIOENCODING here) its log line ended the run with exit 2.
+    A list file names it in the same bytes. A folder so named on the command line, Ray cannot
+    start with: a clear error says so."""
+    folder = tmp_path / os.fsdecode(b"caf\xe9")
+    try:
+        folder.mkdir()
+    except (OSError, UnicodeEncodeError):  # a filesystem that takes only UTF-8 names (macOS)
+        pytest.skip("this filesystem refuses names that are not UTF-8")
+    latin1 = folder / os.fsdecode(b"d\xe9j\xe0 vu.mp4")
+    shutil.copy(bikes, latin1)
+    listed = tmp_path / "list.txt"
+    listed.write_bytes(os.fsencode(latin1) + b"\n")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "curator.cli", *args, f"output={tmp_path / 'o'}"],
+                              capture_output=True, text=True, timeout=300, env=env, errors="surrogateescape")
+
+    done = cli(f"input={listed}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[1/1] d\\udce9j\\udce0 vu.mp4: 6 shots, 5/6 clips kept" in done.stdout
+    (record,) = read_jsonl(tmp_path / "o" / "manifest.jsonl")
+    assert record["source"] == str(latin1) and record["status"] == "ok"
+    assert record["source_id"].startswith("d_j_vu_")
+    shards = sorted(str(p) for p in (tmp_path / "o" / "shards").glob("*.tar"))
+    assert len(list(wds.WebDataset(shards, shardshuffle=False))) == 5
+    assert "nothing to do" in cli(f"input={listed}").stdout
+
+    named = cli(f"input='{folder}'")  # quoted for Hydra's grammar, which takes no such character bare
+    assert named.returncode == 2
+    assert f"vfm-curate: input='{tmp_path}/caf\\udce9': the path is not UTF-8" in named.stderr  # its repr
+    assert "list file" in named.stderr and "Traceback" not in named.stderr
 
 
 def test_process_source_keeps_memory_bounded_by_one_clip(bikes):

@@ -37,8 +37,9 @@ def discover(spec: str) -> list[str]:
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: no video files ({', '.join(sorted(VIDEO_EXTENSIONS))}) in it")
     elif path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
-        # utf-8-sig: a byte order mark (Notepad, Excel) is not part of the first path.
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]
+        # utf-8-sig: a byte order mark (Notepad, Excel) is not part of the first path; surrogateescape:
+        # a name that is not UTF-8 comes out as Python has it from the filesystem.
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()]
         paths = [(path.parent / ln) for ln in lines if ln and not ln.startswith("#")]
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: the list file names no videos")
@@ -79,5 +80,7 @@ def source_id(path: str, sha256: str) -> str:
     """Stable and readable: the file stem (letters, digits, '_') and a hash of name and content.
     Sample keys are `<source_id>-<clip:04d>`, so the id holds no dots and no '-'."""
     stem = re.sub(r"[^A-Za-z0-9_]+", "_", Path(path).stem).strip("_")[:40] or "video"
-    digest = hashlib.sha1(f"{Path(path).name}\0{sha256}".encode()).hexdigest()[:12]
+    # The name's bytes as the filesystem has them: a name that is not UTF-8 (copied from an old
+    # Windows or FAT drive, or out of a zip) is a str with surrogates, which .encode() refuses.
+    digest = hashlib.sha1(os.fsencode(Path(path).name) + b"\0" + sha256.encode()).hexdigest()[:12]
     return f"{stem}_{digest}"

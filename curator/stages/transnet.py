@@ -16,6 +16,7 @@ no clip shows two shots blended.
 from __future__ import annotations
 
 import json
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 
@@ -219,8 +220,9 @@ class ShotDetector:
 
     def __call__(self, row: dict) -> dict:
         try:
-            row["boundaries"] = json.dumps(self.sandbox.run("curator.stages.transnet:detect_shots", row["path"],
-                                                            self.cfg_dict, self.threads, timeout_s=self.timeout_s))
+            found = self.sandbox.run("curator.stages.transnet:detect_shots", os.fsdecode(row["path"]), self.cfg_dict,
+                                     self.threads, timeout_s=self.timeout_s)
+            row["boundaries"] = json.dumps(found)
         except SandboxError as e:
             row["boundaries"] = json.dumps({"error": str(e)})
         return row
