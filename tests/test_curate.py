@@ -176,16 +176,18 @@ def test_a_shot_shorter_than_min_shot_s_is_a_shot_of_its_own_not_the_start_of_th
     assert kept and all(start >= 34 or end <= 30 for start, end in kept)
 
 
-def test_a_source_split_a_frame_past_a_cut_has_no_frame_of_the_next_shot_in_its_clips(bikes, music_video, tmp_path):
-    """Inputs that another tool split into shots can end a frame or two past a cut. There the cut's
-    frame has fewer than two neighbours after it, and its change, beside fast motion, was only 2.1
-    to 2.6 times the mean of those left: the next shot's first frames ended the last clip (bikes
-    cut after frame 76; the music video after frame 1013 and 1014)."""
+def test_a_source_split_a_frame_off_a_cut_has_no_frame_of_another_shot_in_its_clips(bikes, music_video, tmp_path):
+    """Inputs that another tool split into shots can start or end a frame or two off a cut. There
+    the cut's frame has fewer than two neighbours on a side, and its change, beside fast motion, was
+    only 2.1 to 2.6 times the mean of those left: the next shot's first frames ended the last clip
+    (bikes cut after frame 76; the music video after frame 1013 and 1014), or the shot before's last
+    frame began the first (the music video from frame 2660)."""
     with av.open(str(music_video)) as c:
         video = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]  # (90, 160, 3) each
     sources = {"bikes_to_76.mp4": (list(bikes_frames(bikes))[:77], 76),
                "music_to_1013.mp4": (video[900:1014], 1013 - 900),
-               "music_to_1014.mp4": (video[900:1015], 1013 - 900)}
+               "music_to_1014.mp4": (video[900:1015], 1013 - 900),
+               "music_from_2660.mp4": (video[2660:2760], 1)}
     for name, (frames, cut) in sources.items():
         _encode(tmp_path / name, frames, fps=25)
         record, _ = process_source(str(tmp_path / name), name, _cfg(tmp_path, tmp_path / "out"))

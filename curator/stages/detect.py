@@ -146,16 +146,20 @@ class AdaptiveDetector:
         return score >= self.min_content and score / mean >= self._threshold_at(i) and not self._flash_at(i)
 
     def _threshold_at(self, i: int) -> float:
-        """The ratio a change at frame i needs. Once the stream has ended (flush), its last frames
-        have fewer than `window` neighbours after them, and those left before are the ones most
-        like the cut's own frame: beside a cut out of fast motion, only the moving shot's frames.
-        There the ratio needed goes down towards 1 with the share of neighbours missing: a source
-        cut from a longer one a frame past a cut (clips split by another tool) ended its last clip
-        with the next shot's first frame, whose change was 2.1 to 2.6 times its neighbours' mean.
-        Wrong there, a boundary costs the last clip a frame or two. Not so at the stream's start:
-        a camera's exposure settling in its first frames would stand out as a cut."""
-        after = len(self.scores) - 1 - i
-        return 1 + (self.threshold - 1) * min(1.0, (self.window + after) / (2 * self.window))
+        """The ratio a change at frame i needs. Next to the stream's first frame (which has no
+        score) and, once the stream has ended (flush), its last, a side has fewer than `window`
+        neighbours, and those left are the ones most like the cut's own frame: beside a cut out of
+        or into fast motion, only the moving shot's frames. There the ratio needed goes down towards
+        1 with the share of neighbours missing: a source cut from a longer one a frame off a cut
+        (clips split by another tool) began or ended a clip with another shot's frame, whose change
+        was 2.1 to 2.6 times its neighbours' mean. Wrong there, a boundary costs a clip a frame or
+        two at the stream's edge. Not for a change that is all brightness, though (the score less
+        the change of mean luma under `min_content`): a camera's exposure settling in its first
+        frames, which its neighbours cannot tell from a cut."""
+        present = min(i - 1, self.window) + min(len(self.scores) - 1 - i, self.window)
+        if present >= 2 * self.window or self.scores[i] - abs(self.lumas[i] - self.lumas[i - 1]) < self.min_content:
+            return self.threshold
+        return 1 + (self.threshold - 1) * present / (2 * self.window)
 
     def _flash_at(self, i: int) -> bool:
         """Whether the change at frame i goes into or out of a flash (see flash_end); the frames up
