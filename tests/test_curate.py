@@ -1204,9 +1204,13 @@ def test_sidecar_captions_as_excel_and_notepad_save_them(tmp_path):
     (tmp_path / "b.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"caption": "two cats"}).encode())
     (tmp_path / "c.txt").write_text("a dog on a beach", encoding="utf-16")
     (tmp_path / "d.txt").write_bytes("un caf\xe9".encode("latin-1"))
-    (tmp_path / "caps.csv").write_bytes("\ufeffe.mp4,a city at night\r\nf.mp4,\"rain, then sun\"\r\n".encode())
+    # The last row in Latin-1, its path too: a name off an old Windows drive (Python has it with a surrogate).
+    (tmp_path / "caps.csv").write_bytes("\ufeffe.mp4,a city at night\r\nf.mp4,\"rain, then sun\"\r\n".encode()
+                                        + "g\xe9.mp4,un th\xe9\r\n".encode("latin-1"))
     cap = SidecarCaptioner(OmegaConf.create({"name": "sidecar", "csv": str(tmp_path / "caps.csv")}))
     found = {name: cap(str((tmp_path / f"{name}.mp4").resolve()), clips, [])[0] for name in "abcdef"}
+    found["g"] = cap(str(tmp_path.resolve() / os.fsdecode(b"g\xe9.mp4")), clips, [])[0]
     assert found == {"a": ("un café au bord de l'eau", "sidecar"), "b": ("two cats", "sidecar"),
                      "c": ("a dog on a beach", "sidecar"), "d": ("un caf\ufffd", "sidecar"),
-                     "e": ("a city at night", "sidecar"), "f": ("rain, then sun", "sidecar")}
+                     "e": ("a city at night", "sidecar"), "f": ("rain, then sun", "sidecar"),
+                     "g": ("un th\ufffd", "sidecar")}

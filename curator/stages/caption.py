@@ -45,15 +45,21 @@ class AttributesCaptioner:
         return [(attributes_caption(c["scores"]), "attributes") for c in clips]
 
 
-def read_sidecar(path: Path) -> str:
+def read_sidecar(path: Path, errors: str = "replace") -> str:
     """A caption file's text, as the tools that write them save it: UTF-8, with the byte order mark
     Excel's "CSV UTF-8" and Windows' Notepad put first (it stayed at the caption's start, and JSON
     would not parse), or UTF-16 (Notepad's "Unicode", which read as UTF-8 was noise). Bytes of no
-    such encoding (Latin-1, say) come out as replacement characters rather than failing the source."""
+    such encoding (Latin-1, say) come out as replacement characters rather than failing the source;
+    with `errors="surrogateescape"`, in UTF-8, as Python has such bytes in a file name."""
     data = path.read_bytes()
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return data.decode("utf-16", errors="replace")
-    return data.decode("utf-8-sig", errors="replace")
+    return data.decode("utf-8-sig", errors=errors)
+
+
+def _text(value: str) -> str:
+    """`value` with the surrogates of bytes that are not UTF-8 as replacement characters."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 class SidecarCaptioner:
@@ -63,9 +69,11 @@ class SidecarCaptioner:
             path = Path(cfg.csv)
             if not path.is_file():
                 raise FileNotFoundError(f"captioner.csv={cfg.csv!r}: no such file")
-            for row in csv.reader(io.StringIO(read_sidecar(path), newline="")):
+            # A path that is not UTF-8 (a name off an old Windows drive) keeps its bytes, to match
+            # its source; a caption's such bytes become replacement characters.
+            for row in csv.reader(io.StringIO(read_sidecar(path, "surrogateescape"), newline="")):
                 if len(row) >= 2 and row[0] != "path":
-                    self.table[str((path.parent / row[0]).resolve())] = row[1].strip()
+                    self.table[str((path.parent / row[0]).resolve())] = _text(row[1].strip())
 
     def _lookup(self, source: str) -> str | None:
         if source in self.table:
