@@ -48,6 +48,7 @@ class Probe:
     wide_gamut: bool = False  # BT.2020 primaries
     # The first frame's outer rows, or its outer columns, are black: it may be letterboxed (or black)
     dark_edges: bool = False
+    stated_s: float = 0.0  # the video's duration as the header states it (see stated_duration); 0: unknown
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,6 +153,26 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
             yield frame, damage.since_key
 
 
+def stated_duration(container, stream) -> float:
+    """The video stream's duration as the file's header states it, 0 when it does not say: the
+    stream's own, else the DURATION tag that FFmpeg and mkvmerge write for each stream of a
+    Matroska file, else the container's where the video is its only stream (otherwise the
+    container's is its longest stream's, which can be the audio). An index or header written
+    before the media data outlives a download or copy cut short, and so does this."""
+    if stream.duration:
+        return float(stream.duration * stream.time_base)
+    tag = (stream.metadata or {}).get("DURATION", "")
+    h, _, rest = tag.partition(":")
+    m, _, sec = rest.partition(":")
+    try:
+        return int(h) * 3600 + int(m) * 60 + float(sec)
+    except ValueError:
+        pass
+    if container.duration and len(container.streams) == 1:
+        return container.duration / av.time_base
+    return 0.0
+
+
 def _pixel_aspect(stream) -> Fraction:
     sar = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
     return Fraction(sar) if sar and sar > 0 else Fraction(1)
@@ -215,6 +236,7 @@ def probe(path: str) -> Probe:
                 hdr=HDR_TRANSFERS.get(first.color_trc),
                 wide_gamut=first.color_primaries == BT2020,
                 dark_edges=score.dark_edges(first.to_ndarray(format="gray")),
+                stated_s=stated_duration(container, stream),
             )
     except MediaError:
         raise

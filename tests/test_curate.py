@@ -767,6 +767,29 @@ def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
     assert np.all(np.diff([s for s, _ in spans]) == 15)
 
 
+def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_path):
+    """A Matroska file cut in two (an interrupted download or copy) decodes without an error up to
+    its cut: its header, at the front, still states the whole duration. Its record was an `ok` with
+    half the frames and no word of it; an MP4 whose index points past the file's end is the same.
+    Whole files, an MP4 trimmed by its edit list among them, get no such warning."""
+    frames = list(bikes_frames(bikes))[:100]  # 4 s at 25 fps
+    _encode(tmp_path / "whole.mkv", frames, fps=25)
+    data = (tmp_path / "whole.mkv").read_bytes()
+    (tmp_path / "half.mkv").write_bytes(data[: len(data) // 2])
+    _encode(tmp_path / "whole.mp4", frames, fps=25, container_options={"movflags": "+faststart"})
+    subprocess.run(["ffmpeg", "-v", "error", "-ss", "1", "-i", str(tmp_path / "whole.mp4"), "-c", "copy",
+                    str(tmp_path / "trimmed.mp4")], check=True)  # an edit list: 3 s stated and shown
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    records = {name: process_source(str(tmp_path / name), name, cfg)[0]
+               for name in ("whole.mkv", "half.mkv", "whole.mp4", "trimmed.mp4")}
+    half = records.pop("half.mkv")
+    assert half["status"] == "ok" and 20 < half["num_frames"] < 80
+    assert re.search(r"decoding ended at \d\.\d\d s of the 4\.00 s the header states: the file may be cut short",
+                     half["warning"])
+    assert all("cut short" not in (r["warning"] or "") for r in records.values()), records
+    assert records["whole.mkv"]["num_frames"] == records["whole.mp4"]["num_frames"] == 100
+
+
 def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, synth_corpus):
     from curator.pipeline import SourceWorker
 

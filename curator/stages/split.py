@@ -298,6 +298,8 @@ def _size(frame: media.DecodedFrame) -> tuple[int, int] | None:
 
 BORDER_SAMPLES = 8  # frames of a clip, evenly spread from its first to its last, to look for black borders in
 OVERSIZE = 1.1  # a clip's picture with a short side larger than this times transcode.short_side is scaled down to it
+# A stream that decodes this much (seconds, and share) shorter than its header states gets a warning.
+CUT_SHORT_S, CUT_SHORT_SHARE = 1.0, 0.1
 
 
 class _Crop:
@@ -532,6 +534,11 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
     # As decoded, like num_frames: a header can lack a duration (a live WebM) or overstate it (a cut download).
     record["duration_s"] = round(times[-1] + 1 / p.fps, 4)
+    if p.stated_s and record["duration_s"] < p.stated_s - max(CUT_SHORT_S, CUT_SHORT_SHARE * p.stated_s):
+        # Often without any decoding error: the demuxer finds the end of the file where the
+        # header said frames would be (a Matroska file cut in two, an MP4 index pointing past the end).
+        warnings.append(f"decoding ended at {record['duration_s']:.2f} s of the {p.stated_s:.2f} s the header "
+                        "states: the file may be cut short (an interrupted download or copy)")
     record.update({"status": "ok", "num_frames": n, "warning": "; ".join(warnings) or None, "shots": splitter.shots,
                    "scene_cuts": cuts, "scene_cuts_s": [round(times[c], 4) for c in cuts if c < len(times)],
                    "clips": [c.record() for c in splitter.clips],
