@@ -345,6 +345,7 @@ def summarize(out: OutputDir, cfg: DictConfig, wall_s: float, ray_s: dict | None
         "ok": len(ok),
         "errors": len(records) - len(ok),
         "error_messages": dict(Counter(r["error"] for r in records if r["status"] != "ok")),
+        "warnings": sum(bool(r.get("warning")) for r in ok),  # curated, with a warning in the manifest
         "clips": len(clips),
         "kept": sum(c["kept"] for c in clips),
         "dropped": sum(not c["kept"] for c in clips),
@@ -516,6 +517,8 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
                     kept = sum(c["kept"] for c in record["clips"])
                     status = f"{len(record['shots'])} shots, {kept}/{len(record['clips'])} clips kept" \
                         if record["status"] == "ok" else f"error: {record['error']}"
+                    if record.get("warning"):  # a damaged stream, a file cut short: say so as it happens
+                        status += f"; warning: {_shortened(record['warning'], WARNING_LOG_CHARS)}"
                     log(f"[{n}/{len(todo)}] {Path(record['source']).name}: {status}")
             finished = True
         finally:
@@ -531,6 +534,11 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
 
 
 RAY_DATA_THREADS_S = 2.0  # the longest a run stopped part-way waits for Ray Data's threads to end
+WARNING_LOG_CHARS = 200  # of a record's warning in its log line (the manifest has all of it)
+
+
+def _shortened(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 3].rstrip() + "..."
 
 
 def _join_threads_since(before: set[threading.Thread], timeout_s: float) -> None:

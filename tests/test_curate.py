@@ -60,9 +60,11 @@ def corpus(synth_corpus, bikes, tmp_path_factory):
 def curated(corpus, ray_local, tmp_path_factory):
     root, truth, expected = corpus
     out = tmp_path_factory.mktemp("curated")
-    summary = curate(_cfg(root, out, "writer.samples_per_shard=8"), log=lambda *_: None)
+    lines = []
+    summary = curate(_cfg(root, out, "writer.samples_per_shard=8"), log=lines.append)
     records = {Path(r["source"]).name: r for r in read_jsonl(out / "manifest.jsonl")}
     samples = list(wds.WebDataset(sorted(str(p) for p in (out / "shards").glob("*.tar")), shardshuffle=False))
+    out.with_suffix(".log").write_text("\n".join(lines))  # beside the output, which holds only what a run writes
     return out, summary, records, samples
 
 
@@ -101,6 +103,11 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
     assert records["song_with_cover.mp4"]["error"] == "no video stream (only a cover picture)"
     assert summary["inputs"] == len(records)
     assert summary["errors"] == sum(r["status"] == "error" for r in records.values())
+    # A warning shows in the source's log line as it is done, and the summary counts them.
+    warned = {name for name, r in records.items() if r["status"] == "ok" and r["warning"]}
+    assert {"damaged.mp4", "size_change.ts"} <= warned and summary["warnings"] == len(warned)
+    log = out.with_suffix(".log").read_text()
+    assert re.search(r"\] damaged\.mp4: \d+ shots, \d+/\d+ clips kept; warning: damaged stream: ", log), log
 
 
 def test_shots_are_frame_accurate(curated, corpus):
