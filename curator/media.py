@@ -161,16 +161,13 @@ def stated_duration(container, stream) -> float:
     before the media data outlives a download or copy cut short, and so does this."""
     if stream.duration:
         return float(stream.duration * stream.time_base)
-    tag = (stream.metadata or {}).get("DURATION", "")
-    h, _, rest = tag.partition(":")
-    m, _, sec = rest.partition(":")
     try:
+        h, m, sec = (stream.metadata or {}).get("DURATION", "").split(":")
         return int(h) * 3600 + int(m) * 60 + float(sec)
-    except ValueError:
-        pass
-    if container.duration and len(container.streams) == 1:
-        return container.duration / av.time_base
-    return 0.0
+    except ValueError:  # no such tag, or not HH:MM:SS.fraction
+        if container.duration and len(container.streams) == 1:
+            return container.duration / av.time_base
+        return 0.0
 
 
 def _pixel_aspect(stream) -> Fraction:
