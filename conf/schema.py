@@ -97,7 +97,7 @@ class VLMCaptionerConfig:
 
 @dataclass
 class RayConfig:
-    address: str | None = None  # None starts a local instance; "auto" joins a running cluster
+    address: str | None = None  # "auto" joins a running cluster; None: RAY_ADDRESS, else a local instance
     num_cpus: int | None = None  # for the local instance; None takes every core
 
 

@@ -7,9 +7,10 @@
            ─► [Captioner (a GPU/CPU actor pool), only for captioner=vlm]
            ─► driver: dedup → shards + manifest.jsonl, then summary.json
 
-On a laptop `ray.init()` starts a local instance; with `ray.address=auto` the same chain runs on a
-cluster. Sources go in largest first (discover.largest_first) and results come back in that order,
-so keys, dedup decisions and shards are deterministic.
+On a laptop `ray.init()` starts a local instance; with `ray.address=auto` (or RAY_ADDRESS, as in a
+`ray job submit` job) the same chain runs on a cluster. Sources go in largest first
+(discover.largest_first) and results come back in that order, so keys, dedup decisions and shards
+are deterministic.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -366,7 +368,7 @@ def summarize(out: OutputDir, cfg: DictConfig, wall_s: float, ray_s: dict | None
 
 @contextmanager
 def ray_session(cfg: DictConfig, timings: dict | None = None):
-    """Ray for one run: joins the instance this process already has, or `ray.address`, or starts a
+    """Ray for one run: joins the instance this process already has, or `cluster_address`, or starts a
     local one (the default), whose raylet retries its first connections every 0.1 s, not every
     second (LOCAL_RAY_SYSTEM_CONFIG). A local instance started here is stopped on the way out,
     explicitly: Ray's exit hook would sleep half a second first. A Python SIGTERM handler the process
@@ -380,14 +382,17 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
     if not ray.is_initialized():
         kwargs = {"include_dashboard": False, "log_to_driver": False}
         on_sigterm = signal.getsignal(signal.SIGTERM)
-        if cfg.ray.address:
+        address = cluster_address(cfg)
+        if address:
+            named = _address_named(cfg)
             try:
-                ray.init(address=cfg.ray.address, **kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as e:  # none there, another Ray version, no address
-                why = str(e).rstrip(".")
-                raise ClusterError(f"ray.address={cfg.ray.address!r}: cannot join that Ray cluster: {why}. Start one "
-                                   "(`ray start --head` on its head node), or leave ray.address unset for a local "
-                                   "Ray of the run's own") from e
+                _check_answers(address, RAY_CONNECT_TIMEOUT_S)
+                ray.init(address=address, **kwargs)
+            except (OSError, RuntimeError, ValueError) as e:  # none there, another Ray version, no address
+                why = str(e).rstrip(".") or type(e).__name__
+                raise ClusterError(f"{named}: cannot join that Ray cluster: {why}. Start one (`ray start --head` on "
+                                   "its head node; `ray status` there shows it), or leave ray.address and "
+                                   "RAY_ADDRESS unset for a local Ray of the run's own") from e
         else:
             ray.init(num_cpus=cfg.ray.num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **kwargs)
             started = True
@@ -402,6 +407,51 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
             _stop_autoscaler_monitor(ray)
             ray.shutdown()
         timings["ray_stop_s"] = time.perf_counter() - t0
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0  # for the cluster's port to take a connection; Ray itself retries for minutes
+
+
+def cluster_address(cfg: DictConfig) -> str | None:
+    """The Ray cluster a run joins: `ray.address`, else RAY_ADDRESS, as `ray.init()` reads it (`ray job
+    submit` sets it for the command it runs, to the cluster's own address). None: a local instance
+    of the run's own."""
+    return cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def _address_named(cfg: DictConfig) -> str:
+    return f"ray.address={cfg.ray.address!r}" if cfg.ray.address else f"RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
+
+
+def _check_answers(address: str, timeout_s: float) -> None:
+    """Raise OSError unless something takes a TCP connection at the cluster's address (a mistyped
+    host or port, a cluster that is down), before Ray's own connection, which retries for minutes
+    and logs `Failed to connect to GCS` all the while. `auto` is looked up as Ray does (the last
+    `ray start` on this machine); `ray://` is a Ray Client server's address. Ray's own lookup is
+    private API: where a Ray version lacks it, an `auto` address goes unchecked to Ray."""
+    scheme, sep, rest = address.rpartition("://")
+    if scheme in ("http", "https"):
+        raise ValueError(f"{address!r} is a dashboard's address, as `ray job submit --address` takes; a run joins the "
+                         "cluster itself: `auto` on one of its nodes (as in a job), or <head node>:6379")
+    if sep and scheme != "ray":
+        return  # no address Ray joins by TCP host:port: ray.init() says what it makes of it
+    host_port = rest
+    if not sep:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            if address == "auto":
+                return
+        else:
+            host_port = canonicalize_bootstrap_address(address) or ""  # raises ConnectionError: no cluster running
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{address!r} is no host:port (nor auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ConnectionError(f"nothing answers at {host}:{port} ({reason})") from None
 
 
 def _stop_autoscaler_monitor(ray) -> None:
@@ -451,8 +501,8 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
         log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
-    if cfg.ray.address:  # an address that does not answer, Ray retries for minutes: say what the wait is
-        log(f"joining the Ray cluster at {cfg.ray.address}")
+    if cluster_address(cfg):
+        log(f"joining the Ray cluster at {cluster_address(cfg)}" + ("" if cfg.ray.address else " (RAY_ADDRESS)"))
 
     spool = out.new_spool()
     try:
@@ -494,7 +544,7 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
         model_stage = cap.name == "vlm"  # a model: its own actors and resources; else captioned in SourceWorker
         # The captioner's actors read the spooled clips too: on a cluster they may run on a node that
         # does not see the SourceWorker's, so there the rows carry the clips.
-        spool_here = None if model_stage and cfg.ray.address else str(spool)
+        spool_here = None if model_stage and cluster_address(cfg) else str(spool)
         board = f"vfm-progress-{uuid.uuid4().hex}"
         ds = ds.map(SourceWorker, fn_constructor_kwargs={"cfg_dict": cfg_dict, "timeout_s": cfg.source_timeout_s,
                                                         "caption_here": not model_stage,
@@ -608,7 +658,7 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes | str], cfg_hash: str)
 
 
 class ClusterError(RuntimeError):
-    """The Ray cluster that `ray.address` names cannot be joined."""
+    """The Ray cluster that `ray.address` (or RAY_ADDRESS) names cannot be joined."""
 
 
 class Stopped(KeyboardInterrupt):

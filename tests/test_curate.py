@@ -10,6 +10,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -712,16 +713,33 @@ def test_bad_arguments_fail_before_any_work(tmp_path, synth_corpus):
 
 
 def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_corpus):
-    """A `ray.address` Ray cannot join exits 2 with a line that names it and says what to do. Here it
-    is a host without a port; `auto` where no cluster runs (a laptop) fails the same way, with Ray's
-    ConnectionError (seen by hand: here another test's local Ray may be running, which `auto` finds)."""
+    """A Ray address a run cannot join exits 2 at once, with a line that names it and says what to do:
+    a host without a port; a port where nothing listens (Ray itself retried that for minutes, logging
+    `Failed to connect to GCS`), also given as RAY_ADDRESS, as `ray job submit` gives its command the
+    cluster's address; a dashboard's http address, which `ray job submit` takes. `auto` where no
+    cluster runs (a laptop) fails the same way, with Ray's ConnectionError (seen by hand: here another
+    test's local Ray may be running, which `auto` finds)."""
     media_dir, _ = synth_corpus
-    proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={media_dir}", f"output={tmp_path / 'o'}",
-                           "ray.address=localhost"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert "vfm-curate: ray.address='localhost': cannot join that Ray cluster: Invalid address" in proc.stderr
-    assert "ray start --head" in proc.stderr and "Traceback" not in proc.stderr
-    assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]  # free once the socket closes: nothing listens there
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cases = [(["ray.address=localhost"], env, "ray.address='localhost'", "Invalid address"),
+             ([f"ray.address=127.0.0.1:{closed_port}"], env, f"ray.address='127.0.0.1:{closed_port}'",
+              f":{closed_port} (Connection refused)"),
+             ([], {**env, "RAY_ADDRESS": f"127.0.0.1:{closed_port}"}, f"RAY_ADDRESS='127.0.0.1:{closed_port}'",
+              f":{closed_port} (Connection refused)"),
+             (["ray.address=http://127.0.0.1:8265"], env, "ray.address='http://127.0.0.1:8265'",
+              "is a dashboard's address")]
+    for overrides, run_env, named, why in cases:
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={media_dir}", f"output={tmp_path / 'o'}",
+                               *overrides], capture_output=True, text=True, timeout=120, env=run_env)
+        assert proc.returncode == 2, proc.stderr
+        assert f"vfm-curate: {named}: cannot join that Ray cluster: " in proc.stderr
+        assert why in proc.stderr and "ray start --head" in proc.stderr and "Traceback" not in proc.stderr
+        assert "Failed to connect to GCS" not in proc.stderr and time.monotonic() - t0 < 30
+        assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
 
 
 def test_a_file_name_that_is_not_utf8_is_curated_logged_and_gone_on_from(tmp_path, bikes):

@@ -1,5 +1,5 @@
 """Scale out on one machine with real processes: a two-node Ray cluster (`ray start --head` plus a
-second raylet) running `ray job submit -- vfm-curate ... ray.address=auto`, and torchrun across two
+second raylet) running `ray job submit -- vfm-curate ...` (with and without `ray.address=auto`), and torchrun across two
 launchers ("nodes") with c10d rendezvous. Each must equal its single-node run."""
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ def assert_same_output(a: Path, b: Path) -> None:
     assert sorted(k for k in members_a if members_a[k] != members_b[k]) == []
 
 
-def submit(cluster: RayCluster, inputs: Path, out: Path) -> subprocess.Popen:
-    entrypoint = [str(BIN / "vfm-curate"), f"input={inputs}", f"output={out}", "ray.address=auto"]
+def submit(cluster: RayCluster, inputs: Path, out: Path, *overrides: str) -> subprocess.Popen:
+    entrypoint = [str(BIN / "vfm-curate"), f"input={inputs}", f"output={out}", *overrides]
     return subprocess.Popen([str(BIN / "ray"), "job", "submit", f"--address={cluster.dashboard}", "--", *entrypoint],
                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -187,9 +187,12 @@ def tasks_per_node(cluster: RayCluster) -> dict[str, int]:
 
 def test_ray_job_submit_on_a_two_node_cluster_places_work_on_both_and_equals_one_node(cluster, inputs, single_node,
                                                                                       tmp_path):
+    """Submitted as a user first would, without `ray.address`: the job's command has the cluster's
+    address in RAY_ADDRESS, and joins it (it had failed: `_system_config must not be provided`)."""
     out = tmp_path / "cluster-out"
     job = submit(cluster, inputs, out)
     log, _ = job.communicate(timeout=600)
+    assert "joining the Ray cluster at" in log and "(RAY_ADDRESS)" in log, log[-3000:]
     assert job.returncode == 0 and "succeeded" in log, log[-3000:]
     counts = tasks_per_node(cluster)
     print("SourceWorker tasks per node:", counts)
@@ -200,7 +203,7 @@ def test_ray_job_submit_on_a_two_node_cluster_places_work_on_both_and_equals_one
 def test_killing_the_worker_raylet_mid_job_still_finishes_with_identical_output(cluster, inputs, single_node,
                                                                                tmp_path):
     out = tmp_path / "cluster-out"
-    job = submit(cluster, inputs, out)
+    job = submit(cluster, inputs, out, "ray.address=auto")
     deadline = time.monotonic() + 300
     while len(read_jsonl(out / "manifest.jsonl")) < 2:  # the job is under way on both nodes
         assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-3000:]

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -283,6 +284,22 @@ def test_bad_setups_fail_clearly_before_any_process_group(case, extra, message, 
     r = train(2, args, timeout=120)
     assert r.returncode != 0
     assert message in r.stderr, r.stderr[-2000:]
+
+
+def test_vfm_encode_on_a_ray_address_that_does_not_answer_exits_at_once_saying_so(tmp_path):
+    """vfm-encode joins a cluster as vfm-curate does: nothing listening at the address is one line
+    naming it, at once (Ray itself retried it for minutes), not a traceback."""
+    write_test_shards(tmp_path / "raw", seed=1, num_shards=1, per_shard=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]  # free once the socket closes: nothing listens there
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "train.encode", f"input={tmp_path / 'raw'}", f"output={tmp_path / 'o'}",
+                        f"ray.address=127.0.0.1:{closed_port}"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert r.returncode == 1 and time.monotonic() - t0 < 30, r.stderr[-2000:]
+    assert f"vfm-encode: ray.address='127.0.0.1:{closed_port}': cannot join that Ray cluster: nothing answers" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_training_on_vfm_encode_output_gives_the_losses_of_encoding_on_the_fly(ray_local, tmp_path):

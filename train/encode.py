@@ -189,9 +189,11 @@ def _app_main() -> None:
 
     @hydra.main(config_path="pkg://conf", config_name="encode", version_base="1.3")
     def app(cfg: DictConfig) -> None:
+        from curator.pipeline import ClusterError
+
         try:
             encode(cfg)
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, ValueError, ClusterError) as e:
             sys.exit(f"vfm-encode: {e}")
 
     app()
