@@ -58,9 +58,53 @@ _RUN_ONLY = ("input", "output", "ray", "num_workers", "codec_threads", "source_t
              "progress_every_s")
 
 
+def _what_is_written(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in _RUN_ONLY}
+
+
 def config_hash(cfg: DictConfig) -> str:
-    data = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in _RUN_ONLY}
+    data = _what_is_written(OmegaConf.to_container(cfg, resolve=True))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings(config: dict) -> dict:
+    """The settings that decide what is written (those of the config hash), one per dotted key:
+    {"clips.max_s": 10.0, "detector.name": "adaptive", ...}; lists are one setting."""
+    flat = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", _what_is_written(config))
+    return json.loads(json.dumps(flat))  # as they read back from the output's state
+
+
+def check_same_settings(out: OutputDir, cfg: DictConfig) -> None:
+    """A rerun on an output goes on with the settings that made it. With others (a longer
+    `clips.max_s`, another detector) the inputs done already would be skipped and keep their clips,
+    new ones would get clips of the new settings, and summary.json would name only the new: refused,
+    naming what differs. Settings a newer vfm added, which the output has no value for, are no
+    difference."""
+    before = out.settings()
+    if before is None:  # an output from before the settings were saved: its summary's config, if any
+        try:
+            config = json.loads((out.root / "summary.json").read_text())["config"]
+            before = settings(config)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none (a new output), or not ours
+            return
+    now = settings(OmegaConf.to_container(cfg, resolve=True))
+    changed = [k for k in sorted(before.keys() & now.keys()) if before[k] != now[k]]
+    if changed:
+        what = "; ".join(f"{k}={json.dumps(before[k])} there, {json.dumps(now[k])} here" for k in changed[:8])
+        more = f" (and {len(changed) - 8} more)" if len(changed) > 8 else ""
+        raise SettingsChangedError(
+            f"output={str(cfg.output)!r} was curated with other settings: {what}{more}. Its inputs with a record would "
+            "keep their clips and new ones would get clips of these settings. Curate into a new output for these "
+            "settings; to go on with this output, or to add inputs to it, run with its settings")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -490,6 +534,7 @@ def curate(cfg: DictConfig, log=_print) -> dict | None:
         log(f"warning: {cfg.output} is on a filesystem without file locks: nothing stops a second run from "
             "writing it at the same time, which would write every source twice")
     try:
+        check_same_settings(out, cfg)
         return _curate(cfg, sources, out, t_start, log)
     finally:
         out.release()
@@ -504,6 +549,7 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
     if cluster_address(cfg):
         log(f"joining the Ray cluster at {cluster_address(cfg)}" + ("" if cfg.ray.address else " (RAY_ADDRESS)"))
 
+    out.save_settings(settings(OmegaConf.to_container(cfg, resolve=True)))
     spool = out.new_spool()
     try:
         ray_s = _run(cfg, todo, out, spool, log)
@@ -659,6 +705,10 @@ def _write(out: OutputDir, record: dict, mp4s: list[bytes | str], cfg_hash: str)
 
 class ClusterError(RuntimeError):
     """The Ray cluster that `ray.address` (or RAY_ADDRESS) names cannot be joined."""
+
+
+class SettingsChangedError(ValueError):
+    """A rerun on an output with other settings than those that made it (check_same_settings)."""
 
 
 class Stopped(KeyboardInterrupt):

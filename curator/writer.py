@@ -5,6 +5,7 @@ Layout (DESIGN.md "Shards" and "Manifest"):
     <out>/manifest.jsonl            one record per input, appended once all its clips are in shards
     <out>/summary.json              rewritten at the end of each run that did work
     <out>/.state/shards.jsonl       per complete shard: its keys and their dedup signatures
+    <out>/.state/settings.json      the settings that decide what is written, as the last run had them
     <out>/.state/lock               held (flock) by the run writing the directory: one run at a time
     <out>/.state/spool/<run>/       the run's encoded clips on their way to a shard (SourceWorker)
 
@@ -257,6 +258,27 @@ class OutputDir:
         try:
             tmp.write_text(json.dumps(summary, indent=1))
             tmp.replace(self.root / "summary.json")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def settings(self) -> dict | None:
+        """The settings the output was curated with ({dotted key: value}, pipeline.settings), as the
+        last run that did work saved them; None where none did."""
+        saved = self.state_dir / "settings.json"
+        try:
+            return json.loads(saved.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read {saved}, the settings the output was curated with ({e}): delete it to go "
+                             "on without comparing them with this run's") from e
+
+    @_writes
+    def save_settings(self, settings: dict) -> None:
+        tmp = self.state_dir / ".settings.json.tmp"
+        try:
+            tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
+            tmp.replace(self.state_dir / "settings.json")
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -231,3 +231,40 @@ def test_an_output_that_cannot_be_opened_is_a_clear_error_and_is_not_left_locked
         OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None)
     (tmp_path / "out" / "manifest.jsonl").rmdir()
     OutputDir(tmp_path / "out", samples_per_shard=1, max_hamming=None).release()
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_them_and_the_same_settings_go_on(tmp_path, ray_local):
+    """A rerun that changed a setting which decides what is written (here `clips.max_s`) would skip
+    the inputs done and give new ones clips of the new settings, under a summary.json naming only
+    the new: it is refused (exit 2), saying what differs, and touches nothing. Settings of the run
+    alone (`num_workers`) are no difference, and with the output's settings new inputs are added."""
+    import conf
+    from curator.pipeline import curate
+
+    inputs = tmp_path / "in"
+    synth.write_corpus(inputs, seed=3, num_shape_videos=1)
+    videos = sorted(inputs.glob("*.mp4"))
+    (tmp_path / "later").mkdir()
+    videos[-1].rename(tmp_path / "later" / videos[-1].name)
+    out = tmp_path / "out"
+    cfg = lambda *o: conf.compose("curate", [f"input={inputs}", f"output={out}", *ARGS, *o])  # noqa: E731
+    first = curate(cfg(), log=lambda _: None)
+    assert first["ok"] == len(videos) - 1
+    before = {p.name: p.read_bytes() for p in [*out.iterdir(), *(out / "shards").iterdir()] if p.is_file()}
+
+    with pytest.raises(ValueError, match=r"clips.max_s=10.0 there, 2.0 here\. Its inputs with a record"):
+        curate(cfg("clips.max_s=2"), log=lambda _: None)
+    assert {p.name: p.read_bytes() for p in [*out.iterdir(), *(out / "shards").iterdir()] if p.is_file()} == before
+    proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={inputs}", f"output={out}", *ARGS,
+                           "detector.threshold=2.5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "detector.threshold=3.0 there, 2.5 here" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    assert curate(cfg("num_workers=2"), log=lambda _: None) is None  # nothing to do: not another setting
+    (tmp_path / "later" / videos[-1].name).rename(inputs / videos[-1].name)
+    assert curate(cfg(), log=lambda _: None)["ok"] == len(videos)
+
+    # An output from before the settings were saved is compared with its summary.json's config.
+    (out / ".state" / "settings.json").unlink()
+    with pytest.raises(ValueError, match="clips.max_s=10.0 there, 2.0 here"):
+        curate(cfg("clips.max_s=2"), log=lambda _: None)
