@@ -67,16 +67,21 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# What a model stage runs on, not what it is: a run may go on from another's on more actors or a GPU.
+_RESOURCES = ("detector.num_actors", "detector.num_gpus", "captioner.num_actors", "captioner.num_gpus")
+
+
 def settings(config: dict) -> dict:
-    """The settings that decide what is written (those of the config hash), one per dotted key:
-    {"clips.max_s": 10.0, "detector.name": "adaptive", ...}; lists are one setting."""
+    """The settings that decide what is written (those of the config hash but the model stages'
+    resources), one per dotted key: {"clips.max_s": 10.0, "detector.name": "adaptive", ...}; a list
+    is one setting."""
     flat = {}
 
     def walk(prefix: str, node) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(f"{prefix}{k}.", v)
-        else:
+        elif prefix[:-1] not in _RESOURCES:
             flat[prefix[:-1]] = node
 
     walk("", _what_is_written(config))
@@ -571,6 +576,7 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
     ray_session's timings. Clips come through `spool` where the workers see it (SourceWorker)."""
     ray_s = {}
     with ray_session(cfg, ray_s) as ray:
+        _check_gpus(ray, cfg, log)
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # deterministic keys, dedup and shard contents
         num_workers = min(cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1))), len(todo))
@@ -627,6 +633,28 @@ def _run(cfg: DictConfig, todo: list[str], out: OutputDir, spool: Path, log) -> 
             if not finished:
                 _join_threads_since(before, RAY_DATA_THREADS_S)
     return ray_s
+
+
+def _check_gpus(ray, cfg: DictConfig, log) -> None:
+    """A model stage that asks for more GPUs than any node has would wait for them for ever: Ray
+    Data starts an actor once a node can take it, and says nothing meanwhile. On this machine's own
+    Ray (no `ray.address`) none will come: an error. On a cluster, an autoscaler may add a GPU node:
+    a warning."""
+    stages = (("detector", cfg.detector, cfg.detector.name == "transnetv2"),
+              ("captioner", cfg.captioner, cfg.captioner.name == "vlm"))
+    asks = [(key, stage.num_gpus) for key, stage, used in stages if used and stage.num_gpus > 0]
+    if not asks:
+        return
+    most = max((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
+    for key, gpus in asks:
+        if gpus <= most:
+            continue
+        if cluster_address(cfg) is None:
+            raise ValueError(f"{key}.num_gpus={gpus:g}: Ray sees {most:g} GPUs on this machine, so the {key}'s actors "
+                             f"would wait for ever. Set {key}.num_gpus=0 to run it on the CPU, or join a cluster with "
+                             "GPUs (ray.address)")
+        log(f"warning: {key}.num_gpus={gpus:g}, and no node of the Ray cluster has that many GPUs now ({most:g} at "
+            f"most): the {key}'s actors wait until one joins (an autoscaler's GPU node); nothing goes on before")
 
 
 RAY_DATA_THREADS_S = 2.0  # the longest a run stopped part-way waits for Ray Data's threads to end

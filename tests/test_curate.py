@@ -742,6 +742,31 @@ def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_co
         assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
 
 
+def test_a_model_stage_asking_for_more_gpus_than_ray_has_is_an_error_here_and_a_warning_on_a_cluster(
+        tmp_path, bikes, ray_local):
+    """Ray Data starts an actor once a node can take it: `detector.num_gpus=1` on a machine without
+    a GPU waited for ever, saying nothing. On this machine's own Ray it is an error at once; on a
+    cluster (where an autoscaler may add a GPU node) a warning. 64 GPUs: none of a test machine's."""
+    from curator.pipeline import _check_gpus
+
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={bikes}", f"output={tmp_path / 'o'}",
+                           "detector=transnetv2", "detector.num_gpus=64"], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert proc.returncode == 2 and time.monotonic() - t0 < 60, proc.stderr[-2000:]
+    assert "vfm-curate: detector.num_gpus=64: Ray sees " in proc.stderr and "detector.num_gpus=0" in proc.stderr
+    assert not (tmp_path / "o" / "manifest.jsonl").exists()
+
+    lines = []
+    for extra in (["captioner=vlm", "captioner.model=m", "captioner.num_gpus=64"], ["detector.num_gpus=64"]):
+        cfg = _cfg(bikes, tmp_path / "o", "detector=transnetv2", "ray.address=auto", *extra)
+        _check_gpus(ray_local, cfg, lines.append)
+    assert len(lines) == 2 and all("no node of the Ray cluster has that many GPUs now" in x for x in lines), lines
+    assert lines[0].startswith("warning: captioner.num_gpus=64") and lines[1].startswith("warning: detector.num_gpus")
+    _check_gpus(ray_local, _cfg(bikes, tmp_path / "o", "detector=transnetv2"), lines.append)  # no GPU asked for
+    assert len(lines) == 2
+
+
 def test_a_file_name_that_is_not_utf8_is_curated_logged_and_gone_on_from(tmp_path, bikes):
     """Names copied from an old Windows or FAT drive, or out of a zip, can hold bytes that are not
     UTF-8 (here Latin-1's é); Python has them as str with surrogates. The source id's hash refused
