@@ -32,6 +32,20 @@ def test_a_broken_link_in_a_directory_is_an_input_that_cannot_be_read_not_a_sile
         content_hash(str(tree / "gone.mp4"))  # what the worker turns into the input's error record
 
 
+def test_links_to_folders_are_followed_each_folder_once(tree, tmp_path_factory):
+    """A dataset's batches linked in from another disk are inputs too (rglob skipped them, saying
+    nothing); a link back up the tree, and a second link to one folder, give each video once."""
+    other = tmp_path_factory.mktemp("other_disk")
+    (other / "batch1").mkdir()
+    (other / "batch1" / "x.mp4").write_bytes(b"x")
+    (tree / "batch1").symlink_to(other / "batch1")
+    (tree / "sub" / "again").symlink_to(other / "batch1")
+    (tree / "sub" / "deeper" / "up").symlink_to(tree)
+    found = discover(str(tree))
+    assert found.count(str(other / "batch1" / "x.mp4")) == 1
+    assert sorted(Path(p).name for p in found) == ["a.mp4", "b.MTS", "c.3gp", "d.Mov", "x.mp4"]
+
+
 def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):
     assert [Path(p).name for p in discover(str(tree / "sub" / "*.gif"))] == ["f.gif"]
     listing = tree / "sub" / "inputs.txt"

@@ -31,9 +31,7 @@ def discover(spec: str) -> list[str]:
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: the glob matches no file")
     elif path.is_dir():
-        # A broken link named like a video is kept: it gets an error record rather than vanishing.
-        paths = [p for p in path.rglob("*") if (p.is_file() or (p.is_symlink() and not p.exists()))
-                 and p.suffix.lower() in VIDEO_EXTENSIONS and not p.name.startswith(".")]
+        paths = _videos_under(path)
         if not paths:
             raise FileNotFoundError(f"input={spec!r}: no video files ({', '.join(sorted(VIDEO_EXTENSIONS))}) in it")
     elif path.is_file() and path.suffix.lower() in LIST_EXTENSIONS:
@@ -48,6 +46,26 @@ def discover(spec: str) -> list[str]:
     else:
         raise FileNotFoundError(f"input={spec!r}: no such file or directory")
     return sorted({str(p.resolve() if p.exists() else p.absolute()) for p in paths})
+
+
+def _videos_under(root: Path) -> list[Path]:
+    """The video files in `root` and every folder below it, links to folders followed (a dataset's
+    batches linked in from other disks), each folder once: a link back up the tree is no loop. A
+    broken link named like a video is kept: it gets an error record rather than vanishing."""
+    found, seen = [], set()
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subfolders.clear()
+            continue
+        seen.add(real)
+        subfolders.sort()
+        for name in names:
+            p = Path(folder, name)
+            if (p.suffix.lower() in VIDEO_EXTENSIONS and not name.startswith(".")
+                    and (p.is_file() or (p.is_symlink() and not p.exists()))):
+                found.append(p)
+    return found
 
 
 def largest_first(paths: list[str]) -> list[str]:
