@@ -97,7 +97,9 @@ def test_ctrl_c_or_sigterm_mid_run_stops_cleanly_and_the_same_command_goes_on(tm
     what is kept, no traceback, no unfinished shard, no spooled clip; the same command then finishes
     the job."""
     inputs, out = tmp_path / "in", tmp_path / "out"
-    synth.write_corpus(inputs, seed=6, num_shape_videos=10)
+    # Enough sources that the run is still going when the signal comes: the 15 of a corpus with 10
+    # shape videos took 2.5 s, and once (CI under load) the signal came after the last.
+    synth.write_corpus(inputs, seed=6, num_shape_videos=30)
     proc = _run(inputs, out)
     deadline = time.time() + 240
     while time.time() < deadline and len(read_jsonl(out / "manifest.jsonl")) < 2:
