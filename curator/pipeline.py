@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -67,25 +68,38 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# What a model stage runs on, not what it is: a run may go on from another's on more actors or a GPU.
-_RESOURCES = ("detector.num_actors", "detector.num_gpus", "captioner.num_actors", "captioner.num_gpus")
-
-
-def settings(config: dict) -> dict:
-    """The settings that decide what is written (those of the config hash but the model stages'
-    resources), one per dotted key: {"clips.max_s": 10.0, "detector.name": "adaptive", ...}; a list
-    is one setting."""
+def flat_settings(config: dict, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A resolved config as one setting per dotted key ({"clips.max_s": 10.0, ...}; a list is one
+    setting), keys in `leave_out` left out, values as they read back from JSON."""
     flat = {}
 
     def walk(prefix: str, node) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(f"{prefix}{k}.", v)
-        elif prefix[:-1] not in _RESOURCES:
+        elif prefix[:-1] not in leave_out:
             flat[prefix[:-1]] = node
 
-    walk("", _what_is_written(config))
-    return json.loads(json.dumps(flat))  # as they read back from the output's state
+    walk("", config)
+    return json.loads(json.dumps(flat))
+
+
+def settings_changed(before: dict[str, Any], now: dict[str, Any], most: int = 8) -> str:
+    """What differs between two flat_settings, as `key=old there, new here; ...`, or "" for nothing.
+    A key only one has (a setting a newer vfm added, or dropped) is no difference."""
+    changed = [k for k in sorted(before.keys() & now.keys()) if before[k] != now[k]]
+    what = "; ".join(f"{k}={json.dumps(before[k])} there, {json.dumps(now[k])} here" for k in changed[:most])
+    return what + (f" (and {len(changed) - most} more)" if len(changed) > most else "")
+
+
+# What a model stage runs on, not what it is: a run may go on from another's on more actors or a GPU.
+_RESOURCES = ("detector.num_actors", "detector.num_gpus", "captioner.num_actors", "captioner.num_gpus")
+
+
+def settings(config: dict) -> dict:
+    """The settings that decide what is written (those of the config hash but the model stages'
+    resources), one per dotted key: {"clips.max_s": 10.0, "detector.name": "adaptive", ...}."""
+    return flat_settings(_what_is_written(config), leave_out=_RESOURCES)
 
 
 def check_same_settings(out: OutputDir, cfg: DictConfig) -> None:
@@ -101,13 +115,10 @@ def check_same_settings(out: OutputDir, cfg: DictConfig) -> None:
             before = settings(config)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none (a new output), or not ours
             return
-    now = settings(OmegaConf.to_container(cfg, resolve=True))
-    changed = [k for k in sorted(before.keys() & now.keys()) if before[k] != now[k]]
-    if changed:
-        what = "; ".join(f"{k}={json.dumps(before[k])} there, {json.dumps(now[k])} here" for k in changed[:8])
-        more = f" (and {len(changed) - 8} more)" if len(changed) > 8 else ""
+    what = settings_changed(before, settings(OmegaConf.to_container(cfg, resolve=True)))
+    if what:
         raise SettingsChangedError(
-            f"output={str(cfg.output)!r} was curated with other settings: {what}{more}. Its inputs with a record would "
+            f"output={str(cfg.output)!r} was curated with other settings: {what}. Its inputs with a record would "
             "keep their clips and new ones would get clips of these settings. Curate into a new output for these "
             "settings; to go on with this output, or to add inputs to it, run with its settings")
 

@@ -322,6 +322,12 @@ def test_training_on_vfm_encode_output_gives_the_losses_of_encoding_on_the_fly(r
     records = [json.loads(line) for line in (out / "encode.jsonl").read_text().splitlines()]
     assert any("broken" in r["failed"] and r["failed"]["broken"].startswith("decode") for r in records)
     assert encode(cfg, log=lambda _: None)["num_samples"] == 12  # a rerun skips the written shards
+    # Other clips would mix with the written shards' latents: refused, naming what differs. A setting
+    # of training's alone (the loader's workers) is no difference.
+    given = [f"input={raw}::{tmp_path / 'broken.tar'}", f"output={out}", *DATA[:1]]
+    with pytest.raises(ValueError, match="data.frame_stride=1 there, 2 here"):
+        encode(conf.compose("encode", [*given, "data.frame_stride=2"]), log=lambda _: None)
+    assert encode(conf.compose("encode", [*given, "data.num_workers=7"]), log=lambda _: None)["num_samples"] == 12
 
     runs = {}
     for name, shards in (("fly", str(raw)), ("pre", str(out / "shards" / "shard-00000{0..2}.tar"))):

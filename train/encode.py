@@ -6,11 +6,13 @@ the fly, once, as a Ray job like the curator.
            ─► <output>/shards/<same name>.tar: every member kept, plus <key>.latent.npy (C, T', H', W')
               and <key>.text_emb.npy (L, Dt), the caption's real tokens only
            ─► <output>/encode.jsonl (one record per shard: samples written, failures with reasons)
-              and <output>/summary.json (the shard list the loader reads)
+              and <output>/summary.json (the shard list the loader reads); <output>/settings.json
+              holds the settings that decide the encodings, which a rerun must keep
 
 Each sample is decoded as evaluation would (the data config's buckets, centred window and crop).
 A sample that fails to decode or encode is left out and named in encode.jsonl; the run goes on.
-Shards are written under a temporary name and renamed; a rerun skips shards already written.
+Shards are written under a temporary name and renamed; a rerun skips shards already written, and is
+refused if it would encode the rest with other settings (check_same_settings).
 """
 
 from __future__ import annotations
@@ -136,11 +138,50 @@ class ShardEncoder:
         return len(encoded)
 
 
+# What decides an encoded sample: the clip it is cut to (the rest of `data` is training's) and the encoders.
+_CLIP_KEYS = ("buckets", "fps", "frame_stride", "token_size")
+
+
+def encode_settings(config: dict) -> dict:
+    """{dotted key: value} of the settings that decide what a sample's latent and text embedding are."""
+    from curator.pipeline import flat_settings
+
+    return flat_settings({"data": {k: config["data"].get(k) for k in _CLIP_KEYS},
+                          "text_encoder": config["text_encoder"], "autoencoder": config["autoencoder"]})
+
+
+def check_same_settings(out: Path, now: dict) -> None:
+    """A rerun goes on with the settings that encoded the shards written. With others (another
+    autoencoder, other buckets) it skipped those and encoded the rest anew: a training run would
+    have read latents of two autoencoders. Refused, naming what differs. An output from before the
+    settings were saved is compared with its summary.json's config."""
+    from curator.pipeline import settings_changed
+
+    saved = out / "settings.json"
+    try:
+        before = json.loads(saved.read_text())
+    except FileNotFoundError:
+        try:
+            before = encode_settings(json.loads((out / "summary.json").read_text())["config"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours
+            return
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {saved}, the settings the output was encoded with ({e}): delete it to go on "
+                         "without comparing them with this run's") from e
+    what = settings_changed(before, now)
+    if what:
+        raise ValueError(f"output={str(out)!r} was encoded with other settings: {what}. Its shards written would keep "
+                         "their latents and the others would get these settings'. Encode into a new output for these "
+                         "settings; to go on with this output, run with its settings")
+
+
 def encode(cfg: DictConfig, log=print) -> dict:
     from curator.pipeline import ray_session
 
     shards = expand_shards(cfg.input)
     out = Path(cfg.output)
+    settings = encode_settings(OmegaConf.to_container(cfg, resolve=True))
+    check_same_settings(out, settings)
     (out / "shards").mkdir(parents=True, exist_ok=True)
     records_path = out / "encode.jsonl"
     done = set()
@@ -149,6 +190,9 @@ def encode(cfg: DictConfig, log=print) -> dict:
     todo = [s for s in shards if Path(s).name not in done or not (out / "shards" / Path(s).name).exists()]
     log(f"encoding {len(todo)} of {len(shards)} shards into {out}")
     if todo:
+        tmp = out / ".settings.json.tmp"
+        tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
+        os.replace(tmp, out / "settings.json")
         with ray_session(cfg) as ray:
             workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
             workers = min(workers, len(todo))
