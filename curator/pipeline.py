@@ -92,6 +92,23 @@ def settings_changed(before: dict[str, Any], now: dict[str, Any], most: int = 8)
     return what + (f" (and {len(changed) - most} more)" if len(changed) > most else "")
 
 
+def saved_settings(saved: Path, summary: Path, from_config) -> dict | None:
+    """The flat settings an output was made with: as a run saved them at `saved`, else, for an
+    output from before they were saved, `from_config` of its summary.json's config. None for
+    neither: a new output, or not one of ours."""
+    try:
+        return json.loads(saved.read_text())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {saved}, the settings the output was made with ({e}): delete it to go on "
+                         "without comparing them with this run's") from e
+    try:
+        return from_config(json.loads(summary.read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 # What a model stage runs on, not what it is: a run may go on from another's on more actors or a GPU.
 _RESOURCES = ("detector.num_actors", "detector.num_gpus", "captioner.num_actors", "captioner.num_gpus")
 
@@ -108,13 +125,9 @@ def check_same_settings(out: OutputDir, cfg: DictConfig) -> None:
     new ones would get clips of the new settings, and summary.json would name only the new: refused,
     naming what differs. Settings a newer vfm added, which the output has no value for, are no
     difference."""
-    before = out.settings()
-    if before is None:  # an output from before the settings were saved: its summary's config, if any
-        try:
-            config = json.loads((out.root / "summary.json").read_text())["config"]
-            before = settings(config)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none (a new output), or not ours
-            return
+    before = saved_settings(out.state_dir / "settings.json", out.root / "summary.json", settings)
+    if before is None:
+        return
     what = settings_changed(before, settings(OmegaConf.to_container(cfg, resolve=True)))
     if what:
         raise SettingsChangedError(
@@ -562,8 +575,8 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
         log(f"nothing to do: all {len(sources)} inputs already have a record in {out.manifest_path}")
         return None
     log(f"curating {len(todo)} of {len(sources)} inputs into {cfg.output}")
-    if cluster_address(cfg):
-        log(f"joining the Ray cluster at {cluster_address(cfg)}" + ("" if cfg.ray.address else " (RAY_ADDRESS)"))
+    if address := cluster_address(cfg):
+        log(f"joining the Ray cluster at {address}" + ("" if cfg.ray.address else " (RAY_ADDRESS)"))
 
     out.save_settings(settings(OmegaConf.to_container(cfg, resolve=True)))
     spool = out.new_spool()

@@ -66,6 +66,16 @@ class OutputWriteError(RuntimeError):
     """The output directory could not be written (a full disk, say)."""
 
 
+def write_json(path: Path, data) -> None:
+    """`data` as JSON at `path`, whole or not at all: written beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_error(where: str | os.PathLike, trouble: str | OSError) -> OutputWriteError:
     """The error for a run that cannot write `where` (in the output): it says what is kept."""
     return OutputWriteError(f"cannot write {where}: {trouble}. The complete shards and the records in "
@@ -254,33 +264,11 @@ class OutputDir:
 
     @_writes
     def write_summary(self, summary: dict) -> None:
-        tmp = self.root / ".summary.json.tmp"
-        try:
-            tmp.write_text(json.dumps(summary, indent=1))
-            tmp.replace(self.root / "summary.json")
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def settings(self) -> dict | None:
-        """The settings the output was curated with ({dotted key: value}, pipeline.settings), as the
-        last run that did work saved them; None where none did."""
-        saved = self.state_dir / "settings.json"
-        try:
-            return json.loads(saved.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {saved}, the settings the output was curated with ({e}): delete it to go "
-                             "on without comparing them with this run's") from e
+        write_json(self.root / "summary.json", summary)
 
     @_writes
     def save_settings(self, settings: dict) -> None:
-        tmp = self.state_dir / ".settings.json.tmp"
-        try:
-            tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
-            tmp.replace(self.state_dir / "settings.json")
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_json(self.state_dir / "settings.json", settings)
 
     def release(self) -> None:
         """Let go of the directory: another run may write it from now on."""

@@ -155,19 +155,11 @@ def check_same_settings(out: Path, now: dict) -> None:
     autoencoder, other buckets) it skipped those and encoded the rest anew: a training run would
     have read latents of two autoencoders. Refused, naming what differs. An output from before the
     settings were saved is compared with its summary.json's config."""
-    from curator.pipeline import settings_changed
+    from curator.pipeline import saved_settings, settings_changed
 
-    saved = out / "settings.json"
-    try:
-        before = json.loads(saved.read_text())
-    except FileNotFoundError:
-        try:
-            before = encode_settings(json.loads((out / "summary.json").read_text())["config"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours
-            return
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {saved}, the settings the output was encoded with ({e}): delete it to go on "
-                         "without comparing them with this run's") from e
+    before = saved_settings(out / "settings.json", out / "summary.json", encode_settings)
+    if before is None:
+        return
     what = settings_changed(before, now)
     if what:
         raise ValueError(f"output={str(out)!r} was encoded with other settings: {what}. Its shards written would keep "
@@ -177,6 +169,7 @@ def check_same_settings(out: Path, now: dict) -> None:
 
 def encode(cfg: DictConfig, log=print) -> dict:
     from curator.pipeline import ray_session
+    from curator.writer import write_json
 
     shards = expand_shards(cfg.input)
     out = Path(cfg.output)
@@ -190,9 +183,7 @@ def encode(cfg: DictConfig, log=print) -> dict:
     todo = [s for s in shards if Path(s).name not in done or not (out / "shards" / Path(s).name).exists()]
     log(f"encoding {len(todo)} of {len(shards)} shards into {out}")
     if todo:
-        tmp = out / ".settings.json.tmp"
-        tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
-        os.replace(tmp, out / "settings.json")
+        write_json(out / "settings.json", settings)
         with ray_session(cfg) as ray:
             workers = cfg.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
             workers = min(workers, len(todo))
@@ -218,9 +209,7 @@ def encode(cfg: DictConfig, log=print) -> dict:
                "num_samples": sum(r["num_samples"] for r in by_shard.values()),
                "num_failed": sum(len(r["failed"]) for r in by_shard.values()),
                "config": OmegaConf.to_container(cfg, resolve=True)}
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, out / "summary.json")
+    write_json(out / "summary.json", summary)
     log(f"done: {summary['num_samples']} samples in {len(by_shard)} shards ({summary['num_failed']} failed); "
         f"{out / 'summary.json'}")
     return summary
