@@ -120,7 +120,9 @@ class TranscodeConfig:
 
 @dataclass
 class FilterConfig:
-    min_motion_area: float = 0.002  # fraction of pixels changing per frame below which a clip is static
+    # Motion is measured between frames 1/25 s apart (neighbours below 25 fps), so that these mean
+    # the same at any frame rate (score.MOTION_STEP_S).
+    min_motion_area: float = 0.002  # fraction of pixels changing visibly below which a clip is static
     max_motion: float = 60.0  # mean abs frame difference (0..255) above which a clip is too shaky
     min_brightness: float = 16.0  # mean luma (0..255) below which a clip is black
     max_brightness: float = 245.0

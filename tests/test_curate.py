@@ -346,6 +346,30 @@ def _two_shapes_joined(folder: Path, **encode_kw) -> Path:
     return path
 
 
+def test_a_scene_filmed_at_a_higher_rate_scores_the_same_motion_and_passes_the_same_filters(bikes, tmp_path):
+    # One pan across a still of bikes.mp4 at 100 px/s of the source, filmed at 25, 50 and 100 fps:
+    # 4, 2 and 1 px between frames. Between neighbouring frames, the 100 fps film scored a quarter of
+    # the 25 fps one's motion, and a threshold that keeps the slow pan at 25 fps dropped it at 100.
+    still = bikes_frames(bikes)[0]  # (272, 640, 3)
+    threshold = None
+    scores = {}
+    for fps in (25, 50, 100):
+        frames = [np.ascontiguousarray(still[40:220, x:x + 320]) for x in range(0, 300, 100 // fps)]
+        path = tmp_path / f"pan{fps}.mp4"
+        _encode(path, frames[:3 * fps], fps=fps)
+        overrides = ["input=x", "output=y"] + ([f"filters.min_motion_area={threshold}"] if threshold else [])
+        record, clips = process_source(str(path), f"pan{fps}", conf.compose("curate", overrides))
+        assert record["status"] == "ok" and record["shots"] == [[0, 3 * fps]]
+        (clip,) = clips
+        assert clip.kept, clip.reason
+        scores[fps] = clip.scores
+        if threshold is None:
+            threshold = round(clip.scores["motion_area"] / 2, 4)  # half of what the 25 fps pan scores
+    for fps in (50, 100):
+        for name in ("motion", "motion_area"):
+            assert scores[fps][name] == pytest.approx(scores[25][name], rel=0.15), (fps, name, scores)
+
+
 def test_each_shape_of_a_stream_comes_out_at_its_own_size_and_pixel_aspect(tmp_path):
     """Two recordings joined end to end, the second stored 64x64 with 2:1 pixels (shown 128x64, as
     a broadcast's SD part is shown wider than stored): its clip is 128x64, not stretched to the

@@ -250,19 +250,20 @@ class _Splitter:
         bars = self.source_bars if size == self.out_size else None
         crop = _Crop.of(frames, size, short_side, bars) \
             if self.cfg.transcode.crop_black_borders else _Crop(None, size, short_side)
+        # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
+        # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
+        # the clip's length, and frames are picked by time; else by count.
+        times = np.array([f.time_s for f in frames])
+        uneven = np.abs(times - t_start - np.arange(len(frames)) / self.fps).max() >= 0.5 / self.fps
+        rate = (len(frames) - 1) / (t_last - t_start) if uneven and t_last > t_start else self.fps  # mean, if uneven
         small = crop(np.stack([f.small for f in frames]), 1)  # (T, h, w, 3): the picture, without bars
-        scores = {**score.measure(small), **crop.scores()}
+        scores = {**score.measure(small, rate), **crop.scores()}
         w, h = crop.width, crop.height
         if self.cfg.filters.ocr:
             middle = crop.frame(frames[len(frames) // 2].frame)
             scores["text_area"], scores["ocr_text"] = score.text_area(middle.to_ndarray(format="rgb24"))
         if self.cfg.filters.quality:
             scores["niqe"] = score.niqe_of([crop(f.luma, 0) for f in frames if f.luma is not None])
-        # Frames off the constant rate's grid by half a frame or more: a variable frame rate, or
-        # a header's rate that the timestamps belie (a browser's WebM). Then only the clock tells
-        # the clip's length, and frames are picked by time; else by count.
-        times = np.array([f.time_s for f in frames])
-        uneven = np.abs(times - t_start - np.arange(len(frames)) / self.fps).max() >= 0.5 / self.fps
         # The last frame shows for a frame's time: the clip's mean one where uneven (the file's mean
         # is too long where the file has a pause in it), else the rate's.
         t_end = t_last + ((t_last - t_start) / (len(frames) - 1) if uneven else 1 / self.fps)
