@@ -30,7 +30,9 @@ class AdaptiveDetectorConfig:
     name: str = "adaptive"
     # Frames are downscaled to this width before comparing; detection needs shapes, not detail.
     analysis_width: int = 64
-    threshold: float = 3.0  # score / mean of its neighbours above which a frame starts a shot
+    # score / mean of its neighbours above which a frame starts a shot, at 24 fps and above; below,
+    # where motion between frames scores higher, 1 + (threshold - 1) * sqrt(fps / 24) (2.4 at 12 fps)
+    threshold: float = 3.0
     min_content: float = 15.0  # and the raw score must be at least this
     window: int = 2  # neighbours on each side in that mean
     # A cut this soon after the previous one is no scene cut (a wipe, a stutter of the picture), in

@@ -476,7 +476,8 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
 
     out_fps = cfg.transcode.fps or p.filmed_fps
     framing = transcode_framing(path, p, cfg.transcode)
-    detector = GivenBoundaries(**boundaries) if boundaries is not None else detect.build_detector(cfg.detector, p.fps)
+    detector = GivenBoundaries(**boundaries) if boundaries is not None \
+        else detect.build_detector(cfg.detector, p.fps, p.filmed_fps)
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings, spool)
     try:
         return _split(path, p, cfg, detector,
