@@ -413,7 +413,7 @@ def main() -> None:
             for k in LOW_RATE_STEPS:
                 _, acc_low[k] = accuracy(every_kth_frame(real, tmp, k), with_model)
             print(f"\nThe same at low rates, keeping 1 of {' or '.join(map(str, LOW_RATE_STEPS))} frames "
-                  "(more motion between frames; ±1 frame):")
+                  "(more motion between frames; vfm's threshold below 24 fps was chosen on these; ±1 frame):")
             for k in LOW_RATE_STEPS:
                 cells = (f"{who} P/R/F1 {_prf(acc_low[k][who])}" for who, _ in with_model)
                 print(f"  {rate / k:4.1f} fps   " + "; ".join(cells))
