@@ -121,15 +121,57 @@ def packets(container, stream) -> Iterator[av.Packet]:
         yield packet
 
 
+# Decoders that, besides those of intra-only formats, tell of damage only in their log: the MS-MPEG-4
+# family's, Windows Media Video 7 and 8 among them ("dc overflow" in a damaged WMV2 file). Found by
+# damaging files of each kind FFmpeg writes: H.264, HEVC, MPEG-1/2/4, H.263, VP9 and AV1 reject the
+# packet or mark the frame corrupt, and their logs also hold errors of no damage ("mmco: unref short
+# failure"), so they are not read. VP8's decoder says nothing at all.
+DAMAGE_ONLY_LOGGED = {"wmv1", "wmv2", "msmpeg4v1", "msmpeg4v2", "msmpeg4"}
+
+
 def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.VideoFrame, bool]]:
     """(frame, damaged) for every frame of `stream`, in presentation order. A packet the decoder
     rejects is stepped over, as FFmpeg's own tools do, rather than ending the stream there: a
     bit flip an hour into a file then costs a few seconds of it, not the rest. The frames the
     decoder says it concealed errors in, and those after a lost or concealed one up to the next
-    intra frame (they are predicted from it), are marked damaged: they hold smears and blocks."""
+    intra frame (they are predicted from it), are marked damaged: they hold smears and blocks.
+
+    FFmpeg's decoders of intra-only formats (MJPEG, ProRes) and those of DAMAGE_ONLY_LOGGED decode
+    a damaged frame with its broken blocks left grey or smeared and say so only in their log
+    ("mjpeg_decode_dc: bad vlc", "error y=16 x=39"): they neither reject the packet nor mark the
+    frame corrupt, as H.264's decoder does. For those, an error the decoder logs while a packet is
+    decoded marks that packet's frames. FFmpeg's log is captured for the whole stream, from every
+    thread (a frame-threaded decoder logs from its own), so that none of it reaches the output
+    where it did not before (FFmpeg's log is off by default in PyAV)."""
+    codec = stream.codec_context.codec
+    if not (codec.intra_only or codec.name in DAMAGE_ONLY_LOGGED):
+        yield from _decoded_frames(container, stream, damage)
+        return
+    level = av.logging.get_level()  # FFmpeg's errors reach Capture at this level or a more verbose one
+    raise_level = level is None or level < av.logging.ERROR
+    skip_repeated = av.logging.get_skip_repeated()  # PyAV holds back a message the same as the last
+    if raise_level:
+        av.logging.set_level(av.logging.ERROR)
+    av.logging.set_skip_repeated(False)
+    try:
+        with av.logging.Capture(local=False) as logs:
+            yield from _decoded_frames(container, stream, damage, logs, codec.name)
+    finally:
+        av.logging.set_skip_repeated(skip_repeated)
+        if raise_level:
+            av.logging.set_level(level)
+
+
+def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
+                    codec: str = "") -> Iterator[tuple[av.VideoFrame, bool]]:
+    """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for errors of decoder
+    `codec`, if given."""
     for packet in packets(container, stream):
+        if logs:
+            logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
         try:
             frames = packet.decode()
+            logged = bool(logs) and any(level <= av.logging.ERROR and name == codec for level, name, _ in logs)
         except av.InvalidDataError:
             damage.skipped_packets += 1
             damage.bad_run += 1
@@ -147,7 +189,7 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
         for frame in frames:
             if frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
                 damage.since_key = False  # predicted from nothing before it
-            if frame.is_corrupt:
+            if frame.is_corrupt or logged:
                 damage.since_key = True  # the frames predicted from it carry its errors on
             damage.damaged_frames += damage.since_key
             yield frame, damage.since_key

@@ -884,6 +884,50 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
     assert records["whole.mkv"]["num_frames"] == records["whole.mp4"]["num_frames"] == 100
 
 
+def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, tmp_path):
+    """A camera's Motion JPEG AVI with noise over the middle of one frame's data (a bad sector, a
+    flipped bit): FFmpeg's MJPEG decoder logs "bad vlc" and decodes the frame with broken blocks,
+    but neither rejects the packet nor marks the frame corrupt, as H.264's does. That frame went
+    into a kept clip and the record said nothing; now it is a clip of its own, dropped as damaged,
+    and the clean frames on either side still make their clips."""
+    frames = list(bikes_frames(bikes))[:100]  # 4 s at 25 fps, cuts at 30 and 76
+    _encode(tmp_path / "camera.avi", frames, fps=25, codec="mjpeg", pix_fmt="yuvj420p")
+    data = bytearray((tmp_path / "camera.avi").read_bytes())
+    starts = [m.start() for m in re.finditer(b"\xff\xd8\xff", bytes(data))]  # each frame's JPEG
+    assert len(starts) == 100
+    middle = (starts[50] + starts[51]) // 2
+    data[middle:middle + 64] = random.Random(0).randbytes(64)
+    (tmp_path / "damaged.avi").write_bytes(bytes(data))
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")  # the pieces either side of it are 0.76 s and more
+    clean, clean_clips = process_source(str(tmp_path / "camera.avi"), "camera", cfg)
+    record, clips = process_source(str(tmp_path / "damaged.avi"), "damaged", cfg)
+    assert clean["warning"] is None and [c.kept for c in clean_clips] == [True, True, True]
+    assert record["status"] == "ok" and record["shots"] == clean["shots"] == [[0, 30], [30, 76], [76, 100]]
+    assert record["warning"] == "damaged stream: 1 frames came out damaged"
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(0, 29, True), (31, 50, True), (50, 51, False), (51, 75, True), (77, 100, True)]
+    assert clips[2].reason.startswith("damaged")
+
+
+def test_a_damaged_stretch_of_a_windows_media_file_is_dropped_as_damaged(bikes, tmp_path):
+    """WMV2 (Windows Media Video 8, of old Windows collections) as FFmpeg writes it, with noise over
+    8 bytes 40% into the file: its decoder logs "dc overflow" and goes on, marking nothing. The
+    frames from there to the next key frame went into a kept clip; now they are dropped as damaged."""
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(bikes), "-frames:v", "100", "-c:v", "wmv2",
+                    str(tmp_path / "old.wmv")], check=True)
+    data = bytearray((tmp_path / "old.wmv").read_bytes())
+    at = len(data) * 4 // 10
+    data[at:at + 8] = random.Random(0).randbytes(8)
+    (tmp_path / "damaged.wmv").write_bytes(bytes(data))
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    clean, clean_clips = process_source(str(tmp_path / "old.wmv"), "old", cfg)
+    record, clips = process_source(str(tmp_path / "damaged.wmv"), "damaged", cfg)
+    assert clean["codec"] == "wmv2" and clean["warning"] is None and all(c.kept for c in clean_clips)
+    assert re.fullmatch(r"damaged stream: \d+ frames came out damaged", record["warning"] or ""), record["warning"]
+    assert any(c.reason and c.reason.startswith("damaged") for c in clips)
+    assert (clips[0].start_frame, clips[0].end_frame, clips[0].kept) == (0, 29, True)
+
+
 def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, synth_corpus):
     from curator.pipeline import SourceWorker
 
