@@ -319,6 +319,25 @@ def test_cuts_of_footage_at_a_low_rate_are_found_though_motion_between_frames_is
     false = [f for f in found if not any(abs(c - f) <= 1 for c in cuts)]
     assert len(missed) <= 13 and len(false) <= 1, (missed, false)  # 10 and 1 (frame 691) measured
 
+
+def test_a_one_frame_a_second_slideshow_of_a_film_starts_no_shot_inside_a_shot(bikes, tmp_path):
+    """bikes.mp4 at 1 fps (every 25th frame, from three starting frames): each frame differs from the
+    last about as much as at a cut, and the threshold is at its lowest (1.4). A shot may start only
+    at a frame that is the first kept after one of bikes' cuts."""
+    from curator.stages.detect import detect_file
+
+    cfg = conf.compose("curate", ["input=x", "output=y"]).detector
+    found_any = False
+    for offset in (0, 6, 12):
+        kept = list(range(offset, 250, 25))  # source frames kept
+        _encode(tmp_path / f"slides{offset}.mp4", [bikes_frames(bikes)[i] for i in kept], fps=1)
+        cuts = {i for i in range(1, len(kept)) if any(kept[i - 1] < c <= kept[i] for c in (30, 76, 137, 187, 242))}
+        found = detect_file(str(tmp_path / f"slides{offset}.mp4"), cfg)["scene_cuts"]
+        assert set(found) <= cuts, (offset, found, cuts)
+        found_any |= bool(found)
+    assert found_any  # 2 of 4 cuts, 3 of 4 and 2 of 4 measured
+
+
 def test_filters_drop_with_reasons(curated, corpus):
     _, truth, _ = corpus
     _, summary, records, samples = curated
