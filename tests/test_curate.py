@@ -486,6 +486,20 @@ def test_attribute_captions_say_what_the_ground_truth_says(curated, corpus):
     assert checked >= 5
 
 
+def test_an_object_that_goes_nowhere_but_moves_all_the_while_is_not_said_to_stay_still(bikes):
+    """bikes.mp4's first shot (a road passing under a camera from above) and its last whole one (a
+    man walking past a parked bicycle): something apart from the background, with no one way it
+    goes. Their captions said it "stays still"; a shape that is there and does not move still does."""
+    from curator.stages.caption import attributes_caption
+
+    _, clips = process_source(str(bikes), "bikes", conf.compose("curate", ["input=x", "output=y"]))
+    captions = {(c.start_frame, c.end_frame): attributes_caption(c.scores) for c in clips}
+    assert " moves about " in captions[(0, 29)] and " moves about " in captions[(188, 241)], captions
+    assert not any("stays still" in text for text in captions.values()), captions
+    still = {"object_colour": "red", "object_direction": None, "motion_area": 0.0004, "background_colour": "gray"}
+    assert attributes_caption(still) == "a red object stays still on a gray background"
+
+
 def test_rotated_vfr_and_odd_sources_come_out_right(curated):
     out, _, records, samples = curated
     rot = records["rotated.mp4"]
