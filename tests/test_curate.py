@@ -500,6 +500,35 @@ def test_an_object_that_goes_nowhere_but_moves_all_the_while_is_not_said_to_stay
     assert attributes_caption(still) == "a red object stays still on a gray background"
 
 
+@pytest.mark.parametrize("widths_per_s, pace", [(0.05, " slowly"), (0.3, ""), (0.8, " quickly")])
+def test_attribute_captions_say_how_fast_a_thing_moves(widths_per_s, pace):
+    """The issue's captions tell the amount of motion as well as its direction: a red square
+    crossing a grey frame (64x36, the analysis frames' size) at 0.05, 0.3 and 0.8 frame widths a
+    second, for 4, 2 and 1 s at 25 fps."""
+    from curator.stages.caption import attributes_caption
+    from curator.stages.score import measure
+
+    seconds = {0.05: 4, 0.3: 2, 0.8: 1}[widths_per_s]
+    frames = np.full((25 * seconds, 36, 64, 3), 128, np.uint8)  # (T, h, w, 3)
+    for i, frame in enumerate(frames):
+        x = round(4 + widths_per_s * 64 * i / 25)
+        frame[15:21, x:x + 6] = (230, 30, 30)
+    scores = measure(frames, 25.0)
+    assert scores["object_speed"] == pytest.approx(widths_per_s, rel=0.05)
+    assert attributes_caption(scores) == f"a red object moves right{pace} on a gray background"
+
+
+def test_a_quick_pan_is_said_to_be_quick(bikes, tmp_path):
+    """A pan across a still of bikes.mp4 at 200 px/s in a 200 px wide frame: a frame width a second."""
+    from curator.stages.caption import attributes_caption
+
+    still = bikes_frames(bikes)[0]
+    _encode(tmp_path / "pan.mp4", [np.ascontiguousarray(still[40:220, x:x + 200]) for x in range(0, 400, 8)], fps=25)
+    _, (clip,) = process_source(str(tmp_path / "pan.mp4"), "pan", conf.compose("curate", ["input=x", "output=y"]))
+    assert clip.scores["camera_pan"] == "right" and clip.scores["pan_speed"] == pytest.approx(1.0, rel=0.1)
+    assert attributes_caption(clip.scores).endswith(", the camera pans right quickly")
+
+
 def test_rotated_vfr_and_odd_sources_come_out_right(curated):
     out, _, records, samples = curated
     rot = records["rotated.mp4"]

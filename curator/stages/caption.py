@@ -21,6 +21,15 @@ import numpy as np
 # Of the frame, changing visibly between frames 1/25 s apart (score.measure's motion_area): above
 # this, an object that goes nowhere moves about (waves, paces, turns); below, it stays still.
 MOVES_ABOUT_AREA = 0.005
+# Frames a second (score.measure's object_speed, pan_speed) below which a move is slow: across the
+# frame in more than 10 s; and above which it is quick: in less than 2 s.
+SLOW, QUICK = 0.1, 0.5
+
+
+def _pace(speed: float | None) -> str:
+    if speed is None:
+        return ""
+    return " slowly" if speed < SLOW else " quickly" if speed > QUICK else ""
 
 
 def attributes_caption(scores: dict) -> str:
@@ -28,7 +37,7 @@ def attributes_caption(scores: dict) -> str:
     if subject.startswith("a ") and subject[2] in "aeiou":
         subject = "an" + subject[1:]
     if scores.get("object_direction"):
-        action = f" moves {scores['object_direction']}"
+        action = f" moves {scores['object_direction']}{_pace(scores.get('object_speed'))}"
     elif scores.get("object_colour"):
         # Something apart from the background with no way it goes. It "stayed still" also where it
         # moved all the time (bikes.mp4's first shot: a road passing under a camera from above).
@@ -37,7 +46,7 @@ def attributes_caption(scores: dict) -> str:
         action = ""
     text = f"{subject}{action} on a {scores['background_colour']} background"
     if scores.get("camera_pan"):
-        text += f", the camera pans {scores['camera_pan']}"
+        text += f", the camera pans {scores['camera_pan']}{_pace(scores.get('pan_speed'))}"
     brightness = scores.get("brightness", 128)
     if brightness < 30:
         text += ", dimly lit"

@@ -69,6 +69,12 @@ def _global_shift(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([dx - w if dx > w // 2 else dx, dy - h if dy > h // 2 else dy], dtype=np.float32)
 
 
+def _speed(step: np.ndarray, w: int, h: int, seconds: float) -> float:
+    """How fast a move of `step` (dx, dy) pixels in `seconds` goes: frames (widths, or heights for
+    an up or down move) a second."""
+    return round(max(abs(float(step[0])) / w, abs(float(step[1])) / h) / max(seconds, 1e-6), 3)
+
+
 def _direction(step: np.ndarray, min_px: float) -> str | None:
     dx, dy = float(step[0]), float(step[1])
     if max(abs(dx), abs(dy)) < min_px:
@@ -104,19 +110,26 @@ def measure(small: np.ndarray, fps: float) -> dict:
     diff = np.abs(f - background)  # (T, h, w, 3)
     fg = diff[..., 0] + diff[..., 1] + diff[..., 2] > 60  # (T, h, w)
     fg_frac = float(fg.mean())
-    fg_colour, fg_direction, pan_direction = None, None, None
+    fg_colour, fg_direction, pan_direction, fg_speed, pan_speed = None, None, None, None, None
     if fg_frac > CAMERA_MOTION_AREA:
         pan = np.zeros(2, np.float32)
         stride = max(1, t // 8)
-        for a, b in zip(range(0, t - stride, stride), range(stride, t, stride), strict=False):
+        pairs = list(zip(range(0, t - stride, stride), range(stride, t, stride), strict=False))
+        for a, b in pairs:
             pan += _global_shift(gray[a], gray[b])
         pan_direction = _direction(-pan, 0.15 * w)  # the scene moves left when the camera pans right
+        if pan_direction:
+            pan_speed = _speed(pan, w, h, len(pairs) * stride / fps)
     elif fg_frac > 0.002:
         fg_colour = colour_name(np.median(f[fg], axis=0))
         ys, xs = np.mgrid[0:h, 0:w]
-        cents = [(xs[m].mean(), ys[m].mean()) for m in fg if m.sum() >= 3]
+        cents = [(i, xs[m].mean(), ys[m].mean()) for i, m in enumerate(fg) if m.sum() >= 3]
         if len(cents) >= 2:
-            fg_direction = _direction(np.array(cents[-1]) - np.array(cents[0]), 0.15 * w)
+            (i0, *first), (i1, *last) = cents[0], cents[-1]
+            step = np.array(last) - np.array(first)
+            fg_direction = _direction(step, 0.15 * w)
+            if fg_direction:
+                fg_speed = _speed(step, w, h, (i1 - i0) / fps)
 
     picks = sorted({0, t // 2, t - 1})
     return {
@@ -127,7 +140,9 @@ def measure(small: np.ndarray, fps: float) -> dict:
         "object_colour": fg_colour,
         "object_area": round(fg_frac, 4),
         "object_direction": fg_direction,
+        "object_speed": fg_speed,  # frames a second (widths, or heights up or down), where it goes somewhere
         "camera_pan": pan_direction,
+        "pan_speed": pan_speed,  # the same, of the scene as the camera pans
         "phash": [format(phash(gray[i]), "016x") for i in picks],
         "colour_grid": [colour_grid(small[i]) for i in picks],
     }
