@@ -96,13 +96,12 @@ def saved_settings(saved: Path, summary: Path, from_config) -> dict | None:
     """The flat settings an output was made with: as a run saved them at `saved`, else, for an
     output from before they were saved, `from_config` of its summary.json's config. None for
     neither: a new output, or not one of ours."""
-    try:
-        return json.loads(saved.read_text())
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {saved}, the settings the output was made with ({e}): delete it to go on "
-                         "without comparing them with this run's") from e
+    if saved.exists():
+        try:
+            return json.loads(saved.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read {saved}, the settings the output was made with ({e}): delete it to go "
+                             "on without comparing them with this run's") from e
     try:
         return from_config(json.loads(summary.read_text())["config"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
