@@ -11,7 +11,15 @@ import numpy as np
 from curator.stages.detect import LUMA
 
 CHANGED_LEVEL = 8.0  # a pixel moving more than this (0..255) in a channel between frames has changed
-CAMERA_MOTION_AREA = 0.3  # above this fraction of the frame off the median, the camera moves
+CAMERA_MOTION_AREA = 0.3  # above this fraction of the frame off the median, no one object stands apart
+# A camera move (see camera_move) is judged on a PAN_CELLS x PAN_CELLS grid over the frame: at least
+# PAN_AGREE of its cells must move with the picture, each a cell that changes by PAN_CHANGE or more
+# (a mean luma difference, 0..255: above a codec's noise) between the frames compared. A pan slower
+# than MIN_PAN_SPEED frames a second (across the frame in more than 50 s), one that moves the picture
+# less than MIN_PAN_PX analysis pixels over the clip, or along a path less straight than
+# MIN_PAN_STRAIGHT (its net way over its length: a hand-held camera's wander) is none.
+PAN_CELLS, PAN_AGREE, PAN_CHANGE = 4, 0.5, 1.0
+MIN_PAN_SPEED, MIN_PAN_PX, MIN_PAN_STRAIGHT = 0.02, 2.0, 0.6
 # Motion is measured between frames this far apart in time (the nearest whole number of frames, at
 # least one), so that a scene scores the same filmed at 25, 50 or 100 fps: between neighbouring
 # frames, 100 fps footage of bikes.mp4's shots scored a third of their 25 fps motion, and slow
@@ -59,14 +67,95 @@ def phash(gray: np.ndarray) -> int:
     return int(sum(1 << k for k, b in enumerate(bits) if b))
 
 
-def _global_shift(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(dx, dy) that moves gray frame `a` onto `b`, by phase correlation."""
-    fa, fb = np.fft.fft2(a - a.mean()), np.fft.fft2(b - b.mean())
+def _shift(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """(dx, dy) that moves gray frame `a` (h, w) onto `b`, to a fraction of a pixel: phase
+    correlation of the frames under `window` (a Hann window: the frame's edges, which do not move
+    with the picture, would pull the peak to no shift), its peak refined by a parabola each way."""
+    fa, fb = np.fft.fft2((a - a.mean()) * window), np.fft.fft2((b - b.mean()) * window)
     r = fb * np.conj(fa)
-    corr = np.fft.ifft2(r / np.maximum(np.abs(r), 1e-6)).real
-    dy, dx = np.unravel_index(np.argmax(corr), corr.shape)
+    corr = np.fft.ifft2(r / np.maximum(np.abs(r), 1e-6)).real  # (h, w)
     h, w = a.shape
-    return np.array([dx - w if dx > w // 2 else dx, dy - h if dy > h // 2 else dy], dtype=np.float32)
+    py, px = np.unravel_index(np.argmax(corr), corr.shape)
+
+    def vertex(before: float, peak: float, after: float) -> float:
+        curve = before - 2 * peak + after
+        return 0.5 * (before - after) / curve if curve < 0 else 0.0
+
+    dx = px + vertex(corr[py, (px - 1) % w], corr[py, px], corr[py, (px + 1) % w])
+    dy = py + vertex(corr[(py - 1) % h, px], corr[py, px], corr[(py + 1) % h, px])
+    return np.array([dx - w if dx > w / 2 else dx, dy - h if dy > h / 2 else dy], dtype=np.float32)
+
+
+def _moved_back(b: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:
+    """Gray frame `b` (h, w) read `step` (dx, dy) pixels on, bilinearly, over its inner [m:h-m, m:w-m]:
+    where a frame `step` before it had those pixels, if the whole picture moved."""
+    h, w = b.shape
+    ys, xs = np.mgrid[m:h - m, m:w - m].astype(np.float32)
+    yy, xx = np.clip(ys + step[1], 0, h - 1), np.clip(xs + step[0], 0, w - 1)
+    y0, x0 = np.minimum(yy.astype(int), h - 2), np.minimum(xx.astype(int), w - 2)
+    fy, fx = yy - y0, xx - x0
+    top = b[y0, x0] * (1 - fx) + b[y0, x0 + 1] * fx
+    bottom = b[y0 + 1, x0] * (1 - fx) + b[y0 + 1, x0 + 1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+def _cells(x: np.ndarray) -> np.ndarray:
+    """The mean of each cell of a PAN_CELLS x PAN_CELLS grid over `x` (h, w)."""
+    h, w = x.shape
+    n = PAN_CELLS
+    return np.array([[x[i * h // n:(i + 1) * h // n, j * w // n:(j + 1) * w // n].mean() for j in range(n)]
+                     for i in range(n)])
+
+
+def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]:
+    """Which way the camera pans over a clip's gray analysis frames (T, h, w) shown at `fps`, and
+    how fast (frames a second, see _speed): the way opposite to the one the whole picture shifts.
+    (None, None) where the picture does not shift as a whole, or too little (MIN_PAN_*).
+
+    The shift is taken between frames far enough apart that a slow pan moves the picture some
+    pixels between them, and near enough that it moves less than a sixth of the frame. It counts
+    where it explains the change of at least PAN_AGREE of the cells, in the mean pair: a cell that
+    changes (PAN_CHANGE), and whose difference to the earlier frame, read through the shift, is
+    under 0.6 of the plain one. A plain cell (sky, a wall) changes too little to count. A thing
+    moving before a still background explains only its own cells; a big thing before a plain
+    background can pass for a pan, as it can to an eye."""
+    t, h, w = gray.shape
+    if t < 2 or min(h, w) < 4 * PAN_CELLS:
+        return None, None
+    window = np.outer(np.hanning(h), np.hanning(w))
+
+    def starts(gap: int, n: int = 16) -> np.ndarray:  # up to n first frames of pairs `gap` apart, over the clip
+        return np.unique(np.linspace(0, t - 1 - gap, min(n, t - gap)).round().astype(int))
+
+    def shifts(gap: int, n: int = 16) -> np.ndarray:  # (n, 2)
+        return np.array([_shift(gray[a], gray[a + gap], window) for a in starts(gap, n)])
+
+    # Frames 0.1 s apart first, which even a quick pan leaves in view; then twice as far apart
+    # while the shift stays under a sixth of the frame, so that a slow pan moves some pixels.
+    gap = max(1, min(t - 1, round(fps / 10)))
+    while gap < t - 1:
+        further = min(t - 1, 2 * gap)
+        if np.abs(shifts(gap, 4).mean(0)).max() * further / gap > min(w, h) / 6:
+            break
+        gap = further
+    steps = shifts(gap)
+    rate = np.median(steps, axis=0) / gap  # (dx, dy) pixels a frame; a car passing close by is an outlier
+    axis = int(np.argmax(np.abs(rate) / (w, h)))
+    if abs(steps[:, axis].sum()) < MIN_PAN_STRAIGHT * np.abs(steps[:, axis]).sum():
+        return None, None  # one way here, another there: a hand-held camera's wander, or a shake
+    speed = _speed(rate * fps, w, h, 1.0)
+    m = int(np.ceil(np.abs(rate).max() * gap)) + 1  # a margin that the shift does not read past
+    if speed < MIN_PAN_SPEED or np.abs(rate).max() * (t - 1) < MIN_PAN_PX or m > min(h, w) / 4:
+        return None, None
+    agree = 0  # cells, summed over the pairs
+    for a in starts(gap):
+        before, after = gray[a][m:h - m, m:w - m], gray[a + gap][m:h - m, m:w - m]
+        explained = _cells(np.abs(_moved_back(gray[a + gap], rate * gap, m) - before))
+        plain = _cells(np.abs(after - before))
+        agree += int(((plain >= PAN_CHANGE) & (explained < 0.6 * plain)).sum())
+    if agree < PAN_AGREE * PAN_CELLS ** 2 * len(starts(gap)):
+        return None, None
+    return _direction(-rate, 0.0), speed
 
 
 def _speed(step: np.ndarray, w: int, h: int, seconds: float) -> float:
@@ -103,24 +192,16 @@ def measure(small: np.ndarray, fps: float) -> dict:
         if t > 1 else np.zeros(1)  # (T-k, h, w)
     motion_area = float(changed.mean())
 
-    # Background: the per-pixel median over time; foreground: what differs from it. When most of
-    # the frame differs from that median the camera moves, and the global shift says where.
+    # Background: the per-pixel median over time; foreground: what differs from it. Where the camera
+    # does not pan and no more than CAMERA_MOTION_AREA of the frame differs, that is an object.
     background = np.median(small, axis=0).astype(np.float32)  # (h, w, 3); halves are exact in float32
     bg_colour = colour_name(np.median(background.reshape(-1, 3), axis=0))
     diff = np.abs(f - background)  # (T, h, w, 3)
     fg = diff[..., 0] + diff[..., 1] + diff[..., 2] > 60  # (T, h, w)
     fg_frac = float(fg.mean())
-    fg_colour, fg_direction, pan_direction, fg_speed, pan_speed = None, None, None, None, None
-    if fg_frac > CAMERA_MOTION_AREA:
-        pan = np.zeros(2, np.float32)
-        stride = max(1, t // 8)
-        pairs = list(zip(range(0, t - stride, stride), range(stride, t, stride), strict=False))
-        for a, b in pairs:
-            pan += _global_shift(gray[a], gray[b])
-        pan_direction = _direction(-pan, 0.15 * w)  # the scene moves left when the camera pans right
-        if pan_direction:
-            pan_speed = _speed(pan, w, h, len(pairs) * stride / fps)
-    elif fg_frac > 0.002:
+    fg_colour, fg_direction, fg_speed = None, None, None
+    pan_direction, pan_speed = camera_move(gray, fps)
+    if pan_direction is None and CAMERA_MOTION_AREA >= fg_frac > 0.002:
         fg_colour = colour_name(np.median(f[fg], axis=0))
         ys, xs = np.mgrid[0:h, 0:w]
         cents = [(i, xs[m].mean(), ys[m].mean()) for i, m in enumerate(fg) if m.sum() >= 3]
@@ -265,7 +346,8 @@ def filter_reason(scores: dict, duration: float, width: int, height: int, clips_
         return f"too_dark: brightness {scores['brightness']:.1f} < filters.min_brightness={cfg.min_brightness}"
     if scores["brightness"] > cfg.max_brightness:
         return f"too_bright: brightness {scores['brightness']:.1f} > filters.max_brightness={cfg.max_brightness}"
-    if scores["motion_area"] < cfg.min_motion_area:
+    # A slow pan changes few pixels between frames 1/25 s apart, but the camera moves: no still shot.
+    if scores["motion_area"] < cfg.min_motion_area and not scores.get("camera_pan"):
         return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
     if scores["motion"] > cfg.max_motion:
         return f"too_shaky: motion {scores['motion']:.1f} > filters.max_motion={cfg.max_motion}"
