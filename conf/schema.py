@@ -126,6 +126,10 @@ class FilterConfig:
     # the same at any frame rate (score.MOTION_STEP_S).
     min_motion_area: float = 0.002  # fraction of pixels changing visibly below which a clip is static
     max_motion: float = 60.0  # mean abs frame difference (0..255) above which a clip is too shaky
+    # Correlation of the picture with itself 1/25 s on, below which a clip is noise (TV static, ~0);
+    # real footage, quick or shaky, scored 0.7 and above in the bench (heavy grain on a small source
+    # less: 0.69 for grain of 80 levels at 256x144). -1 keeps every clip.
+    min_coherence: float = 0.2
     min_brightness: float = 16.0  # mean luma (0..255) below which a clip is black
     max_brightness: float = 245.0
     min_short_side: int = 64

@@ -25,6 +25,7 @@ MIN_PAN_SPEED, MIN_PAN_PX, MIN_PAN_STRAIGHT = 0.02, 2.0, 0.6
 # frames, 100 fps footage of bikes.mp4's shots scored a third of their 25 fps motion, and slow
 # footage at a high rate fell under `filters.min_motion_area`. Below 25 fps, neighbours it is.
 MOTION_STEP_S = 1 / 25
+SHOWS = 2.0  # a frame whose luma varies less than this (a standard deviation, 0..255) shows nothing: black, a fade
 
 # Named colours for captions: the nearest name in RGB wins.
 PALETTE = {
@@ -173,6 +174,23 @@ def _direction(step: np.ndarray, min_px: float) -> str | None:
     return "down" if dy > 0 else "up"
 
 
+def _coherence(gray: np.ndarray, k: int) -> float:
+    """How alike gray frames (T, h, w) are to the frames `k` on: the median Pearson correlation of
+    their luma, over pairs whose frames both show something (a standard deviation of SHOWS or more;
+    1.0 where none do). Footage keeps most of its picture from one moment to the next, a quick pan
+    or a dance too (0.7 and above in the bench's footage); TV static, new noise in every frame, ~0."""
+    t = len(gray)
+    if t < 2:
+        return 1.0
+    a = gray[:-k].reshape(t - k, -1) - gray[:-k].mean((1, 2))[:, None]  # (T-k, h*w)
+    b = gray[k:].reshape(t - k, -1) - gray[k:].mean((1, 2))[:, None]
+    sa, sb = np.sqrt((a * a).mean(1)), np.sqrt((b * b).mean(1))
+    shown = (sa >= SHOWS) & (sb >= SHOWS)
+    if not shown.any():
+        return 1.0
+    return round(float(np.median((a * b).mean(1)[shown] / (sa * sb)[shown])), 3)
+
+
 def motion_step(fps: float) -> int:
     """Frames between the two frames of each motion measurement at `fps` (see MOTION_STEP_S)."""
     return max(1, round(fps * MOTION_STEP_S))
@@ -191,6 +209,7 @@ def measure(small: np.ndarray, fps: float) -> dict:
     changed = (np.maximum(small[k:], small[:-k]) - np.minimum(small[k:], small[:-k])).max(-1) > CHANGED_LEVEL \
         if t > 1 else np.zeros(1)  # (T-k, h, w)
     motion_area = float(changed.mean())
+    coherence = _coherence(gray, k)
 
     # Background: the per-pixel median over time; foreground: what differs from it. Where the camera
     # does not pan and no more than CAMERA_MOTION_AREA of the frame differs, that is an object.
@@ -216,6 +235,7 @@ def measure(small: np.ndarray, fps: float) -> dict:
     return {
         "motion": round(motion, 3),
         "motion_area": round(motion_area, 4),
+        "coherence": coherence,
         "brightness": round(float(gray.mean()), 3),
         "background_colour": bg_colour,
         "object_colour": fg_colour,
@@ -349,6 +369,8 @@ def filter_reason(scores: dict, duration: float, width: int, height: int, clips_
     # A slow pan changes few pixels between frames 1/25 s apart, but the camera moves: no still shot.
     if scores["motion_area"] < cfg.min_motion_area and not scores.get("camera_pan"):
         return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
+    if scores.get("coherence", 1.0) < cfg.min_coherence:
+        return f"noise: coherence {scores['coherence']:.2f} < filters.min_coherence={cfg.min_coherence}"
     if scores["motion"] > cfg.max_motion:
         return f"too_shaky: motion {scores['motion']:.1f} > filters.max_motion={cfg.max_motion}"
     if cfg.max_niqe is not None and scores.get("niqe") is not None and scores["niqe"] > cfg.max_niqe:
