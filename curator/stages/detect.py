@@ -4,7 +4,8 @@ boundaries come out a few frames later, so detection rides along the single deco
 The adaptive detector scores each frame by its colour difference to the previous one, and calls a
 cut where that score stands out against its neighbours' mean (the idea of PySceneDetect's
 AdaptiveDetector): a camera pan raises every score around it, a cut raises one. Frames that repeat
-the one before (a frame rate raised by repeating frames) are no neighbours. A flash (a camera flash,
+the one before (a frame rate raised by repeating frames, a drawing held on twos or threes, also
+under a film's grain) are no neighbours. A flash (a camera flash,
 lightning, a white frame) raises the scores into and out of it as much as a cut, but the picture
 after it is the picture before it again: a change that comes back within a few frames is no cut. A
 run of dark frames (a fade through black, or a black gap) becomes a shot of its own, so that the
@@ -32,6 +33,12 @@ FLASH_RATIO = 0.6
 # 2, 3 times) leaves one such frame or two between moving ones; counted as neighbours, their zeros
 # made fast motion stand out as cuts. Repeats measured 0.0 to 0.1 there.
 REPEAT_SCORE = 0.5
+# A frame whose change is under this share of the largest change of a frame near it (within the
+# lookahead, the frame being decided left out) holds the picture before it too, in noise: a drawing
+# held for 3 frames of a film scan, or filmed off a screen, changes by its grain alone (1 to 2
+# levels, where a frame that moves changes by 5 to 20). Counted as neighbours, such frames made
+# each moving frame stand out as a cut: 6 in bikes.mp4 on threes under grain of 8 levels, 10 under 20.
+HOLD_SHARE = 0.25
 # `threshold` holds as given at this rate and above. Below it, frames are further apart in time, and
 # motion between neighbours scores higher against a cut: at 12.5 fps (every 2nd frame of a 25 fps
 # music video) its cuts stood 2.0 to 3.0 times above their neighbours where at 25 fps they stood 3
@@ -144,10 +151,19 @@ class AdaptiveDetector:
         raw = [self.scores[x] for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
         moving, x = [], i + step
         while len(moving) < self.window and abs(x - i) <= self.lookahead and 0 < x < len(self.scores):
-            if self.scores[x] >= REPEAT_SCORE:
+            if not self._holds(x, i):
                 moving.append(self.scores[x])
             x += step
         return moving or raw
+
+    def _holds(self, x: int, i: int) -> bool:
+        """Whether frame x, a neighbour of frame i, repeats the picture before it, exactly or but for
+        noise (REPEAT_SCORE, HOLD_SHARE). It is weighed against the frames near it on its own side
+        of i only: across a cut out of fast motion into a still shot, the still shot's first frames
+        are no holds."""
+        lo, hi = (max(1, x - self.lookahead), i) if x < i else (i + 1, min(len(self.scores), x + self.lookahead + 1))
+        near = [self.scores[y] for y in range(lo, hi) if y != x]
+        return self.scores[x] < max(REPEAT_SCORE, HOLD_SHARE * max(near, default=0.0))
 
     def _is_cut(self, i: int) -> bool:
         neighbours = self._side(i, -1) + self._side(i, +1)
