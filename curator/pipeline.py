@@ -520,10 +520,36 @@ def _check_answers(address: str, timeout_s: float) -> None:
     if not host or not port.isdigit():
         raise ValueError(f"{address!r} is no host:port (nor auto)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except OSError as e:
         reason = f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e))
         raise ConnectionError(f"nothing answers at {host}:{port} ({reason})") from None
+    with conn:
+        # Ray's TLS (RAY_USE_TLS) wraps gRPC in a handshake first: there the port taking a connection is all we see.
+        if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true") and not _speaks_grpc(conn):
+            raise ConnectionError(f"{host}:{port} takes a connection, but does not answer as a Ray cluster does "
+                                  "(gRPC): another service, such as the dashboard (8265), which `ray job submit` "
+                                  "takes? A cluster's own port is 6379 unless `ray start --port` named another")
+
+
+# The start of an HTTP/2 client's connection: its preface and an empty SETTINGS frame (RFC 9113, 3.4).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _speaks_grpc(conn: socket.socket) -> bool:
+    """Whether the server at the other end of `conn` answers HTTP/2, as gRPC servers do (Ray's GCS):
+    its first frame, the server's own preface, is a SETTINGS frame (type 4 in the 4th byte of a
+    frame's 9-byte header). A web server answers `HTTP/1.1 400`, an SSH server its banner; one that
+    says nothing within the connection's timeout is no Ray either. Ray itself retried such a port
+    for minutes, logging `Failed to connect to GCS`."""
+    try:
+        conn.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+            head += chunk
+    except OSError:
+        return False
+    return len(head) == 9 and head[3] == 4
 
 
 def _stop_autoscaler_monitor(ray) -> None:

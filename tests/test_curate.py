@@ -908,13 +908,21 @@ def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_co
     """A Ray address a run cannot join exits 2 at once, with a line that names it and says what to do:
     a host without a port; a port where nothing listens (Ray itself retried that for minutes, logging
     `Failed to connect to GCS`), also given as RAY_ADDRESS, as `ray job submit` gives its command the
-    cluster's address; a dashboard's http address, which `ray job submit` takes. `auto` where no
+    cluster's address; a dashboard's http address, which `ray job submit` takes; the port of a web
+    server (the dashboard's, given as host:port), where Ray also retried for minutes. `auto` where no
     cluster runs (a laptop) fails the same way, with Ray's ConnectionError (seen by hand: here another
     test's local Ray may be running, which `auto` finds)."""
+    import http.server
+    import threading
+
     media_dir, _ = synth_corpus
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]  # free once the socket closes: nothing listens there
+    # On all interfaces: Ray reads 127.0.0.1 in an address as this machine's own address.
+    web = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    web_port = web.server_address[1]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cases = [(["ray.address=localhost"], env, "ray.address='localhost'", "Invalid address"),
              ([f"ray.address=127.0.0.1:{closed_port}"], env, f"ray.address='127.0.0.1:{closed_port}'",
@@ -922,7 +930,9 @@ def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_co
              ([], {**env, "RAY_ADDRESS": f"127.0.0.1:{closed_port}"}, f"RAY_ADDRESS='127.0.0.1:{closed_port}'",
               f":{closed_port} (Connection refused)"),
              (["ray.address=http://127.0.0.1:8265"], env, "ray.address='http://127.0.0.1:8265'",
-              "is a dashboard's address")]
+              "is a dashboard's address"),
+             ([f"ray.address=127.0.0.1:{web_port}"], env, f"ray.address='127.0.0.1:{web_port}'",
+              "takes a connection, but does not answer as a Ray cluster does (gRPC)")]
     for overrides, run_env, named, why in cases:
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "curator.cli", f"input={media_dir}", f"output={tmp_path / 'o'}",
@@ -932,6 +942,32 @@ def test_a_ray_address_that_names_no_cluster_is_a_clear_error(tmp_path, synth_co
         assert why in proc.stderr and "ray start --head" in proc.stderr and "Traceback" not in proc.stderr
         assert "Failed to connect to GCS" not in proc.stderr and time.monotonic() - t0 < 30
         assert not list((tmp_path / "o" / "shards").iterdir()) and not (tmp_path / "o" / "manifest.jsonl").exists()
+    web.shutdown()
+
+
+def test_the_check_of_a_cluster_s_port_takes_a_grpc_server_and_refuses_one_that_says_nothing():
+    """The other side of the check above: a real gRPC server (as Ray's GCS is) passes, and a port
+    that takes connections but never answers (a hung service) fails within the timeout."""
+    from concurrent import futures
+
+    import grpc
+
+    from curator.pipeline import _check_answers
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("0.0.0.0:0")
+    server.start()
+    try:
+        _check_answers(f"127.0.0.1:{port}", 5.0)
+    finally:
+        server.stop(None)
+    with socket.socket() as silent:
+        silent.bind(("0.0.0.0", 0))
+        silent.listen()
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError, match="does not answer as a Ray cluster does"):
+            _check_answers(f"127.0.0.1:{silent.getsockname()[1]}", 1.0)
+        assert time.monotonic() - t0 < 5
 
 
 def test_a_model_stage_asking_for_more_gpus_than_ray_has_is_an_error_here_and_a_warning_on_a_cluster(
