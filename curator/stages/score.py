@@ -68,14 +68,12 @@ def phash(gray: np.ndarray) -> int:
     return int(sum(1 << k for k, b in enumerate(bits) if b))
 
 
-def _shift(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> np.ndarray:
-    """(dx, dy) that moves gray frame `a` (h, w) onto `b`, to a fraction of a pixel: phase
-    correlation of the frames under `window` (a Hann window: the frame's edges, which do not move
-    with the picture, would pull the peak to no shift), its peak refined by a parabola each way."""
-    fa, fb = np.fft.fft2((a - a.mean()) * window), np.fft.fft2((b - b.mean()) * window)
+def _shift(fa: np.ndarray, fb: np.ndarray) -> np.ndarray:
+    """(dx, dy) that moves a gray frame onto another, given their spectra `fa` and `fb` (h, w) (see
+    camera_move), to a fraction of a pixel: phase correlation, its peak refined by a parabola each way."""
     r = fb * np.conj(fa)
     corr = np.fft.ifft2(r / np.maximum(np.abs(r), 1e-6)).real  # (h, w)
-    h, w = a.shape
+    h, w = corr.shape
     py, px = np.unravel_index(np.argmax(corr), corr.shape)
 
     def vertex(before: float, peak: float, after: float) -> float:
@@ -103,9 +101,9 @@ def _moved_back(b: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:
 def _cells(x: np.ndarray) -> np.ndarray:
     """The mean of each cell of a PAN_CELLS x PAN_CELLS grid over `x` (h, w)."""
     h, w = x.shape
-    n = PAN_CELLS
-    return np.array([[x[i * h // n:(i + 1) * h // n, j * w // n:(j + 1) * w // n].mean() for j in range(n)]
-                     for i in range(n)])
+    rows, cols = np.arange(PAN_CELLS) * h // PAN_CELLS, np.arange(PAN_CELLS) * w // PAN_CELLS
+    sums = np.add.reduceat(np.add.reduceat(x, rows, axis=0), cols, axis=1)  # (n, n)
+    return sums / np.outer(np.diff(rows, append=h), np.diff(cols, append=w))
 
 
 def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]:
@@ -123,13 +121,21 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
     t, h, w = gray.shape
     if t < 2 or min(h, w) < 4 * PAN_CELLS:
         return None, None
+    # Each frame's spectrum under a Hann window, once: the frame's edges, which do not move with the
+    # picture, would pull the correlation's peak to no shift.
     window = np.outer(np.hanning(h), np.hanning(w))
+    spectra: dict[int, np.ndarray] = {}
+
+    def spectrum(i: int) -> np.ndarray:
+        if i not in spectra:
+            spectra[i] = np.fft.fft2((gray[i] - gray[i].mean()) * window)
+        return spectra[i]
 
     def starts(gap: int, n: int = 16) -> np.ndarray:  # up to n first frames of pairs `gap` apart, over the clip
         return np.unique(np.linspace(0, t - 1 - gap, min(n, t - gap)).round().astype(int))
 
     def shifts(gap: int, n: int = 16) -> np.ndarray:  # (n, 2)
-        return np.array([_shift(gray[a], gray[a + gap], window) for a in starts(gap, n)])
+        return np.array([_shift(spectrum(a), spectrum(a + gap)) for a in starts(gap, n)])
 
     # Frames 0.1 s apart first, which even a quick pan leaves in view; then twice as far apart
     # while the shift stays under a sixth of the frame, so that a slow pan moves some pixels.
