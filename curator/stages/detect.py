@@ -44,7 +44,8 @@ HOLD_SHARE = 0.25
 # music video) its cuts stood 2.0 to 3.0 times above their neighbours where at 25 fps they stood 3
 # or more, and a fixed 3.0 missed 11 of 130, at 8.3 fps 33. The ratio needed goes down towards 1 with
 # the square root of the rate: there 3 and 10 missed, no frame of motion taken for a cut more (in
-# spliced films of bikes.mp4's and testvideo.mp4's shots at those rates, none either).
+# spliced films of bikes.mp4's and testvideo.mp4's shots at those rates, none either). Where pictures
+# are held for some frames (a cartoon on threes), the rate is the one at which they change.
 FULL_RATE_FPS = 24.0
 
 
@@ -124,7 +125,8 @@ class AdaptiveDetector:
             raise ValueError(f"flash_frames={flash_frames}: must be >= 0 (0: no flash is told from a cut)")
         self.threshold, self.min_content, self.window = threshold, min_content, window
         # The ratio needed between neighbours with the full window at this rate (FULL_RATE_FPS).
-        self.rate_threshold = 1 + (threshold - 1) * min(1.0, fps / FULL_RATE_FPS) ** 0.5 if fps > 0 else threshold
+        self.fps = fps
+        self.rate_threshold = self._threshold_for(fps)
         self.min_shot_frames, self.dark_luma, self.flash_frames = min_shot_frames, dark_luma, flash_frames
         # Frames after a frame that its decision waits for: its neighbours, and a flash's end.
         self.lookahead = max(window, flash_frames)
@@ -144,15 +146,23 @@ class AdaptiveDetector:
         self._dark_start: int | None = None
         self._dark_entered_by_cut = False
 
+    def _threshold_for(self, fps: float) -> float:
+        """The ratio a change needs with the full window, where pictures change `fps` times a second."""
+        return 1 + (self.threshold - 1) * min(1.0, fps / FULL_RATE_FPS) ** 0.5 if fps > 0 else self.threshold
+
     def _side(self, i: int, step: int) -> list[float]:
         """Frame i's neighbours' scores on one side (step -1 or +1): the `window` nearest frames
         that are not a repeat of the frame before them, within `lookahead` frames; where that side
         has none, its `window` nearest frames as they are (a still shot). Frame 0 has no score."""
-        raw = [self.scores[x] for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
+        return [self.scores[x] for x in self._neighbours(i, step)]
+
+    def _neighbours(self, i: int, step: int) -> list[int]:
+        """The frames of _side."""
+        raw = [x for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
         moving, x = [], i + step
         while len(moving) < self.window and abs(x - i) <= self.lookahead and 0 < x < len(self.scores):
             if not self._holds(x, i):
-                moving.append(self.scores[x])
+                moving.append(x)
             x += step
         return moving or raw
 
@@ -173,19 +183,24 @@ class AdaptiveDetector:
 
     def _threshold_at(self, i: int) -> float:
         """The ratio a change at frame i needs: `rate_threshold` (`threshold` at 24 fps and above,
-        less below; see FULL_RATE_FPS). Next to the stream's first frame (which has no score) and,
-        once the stream has ended (flush), its last, a side has fewer than `window`
-        neighbours, and those left are the ones most like the cut's own frame: beside a cut out of
-        or into fast motion, only the moving shot's frames. There the ratio needed goes down towards
-        1 with the share of neighbours missing: a source cut from a longer one a frame off a cut
-        (clips split by another tool) began or ended a clip with another shot's frame, whose change
-        was 2.1 to 2.6 times its neighbours' mean. Wrong there, a boundary costs a clip a frame or
-        two at the stream's edge. Not for a change that is all brightness, though (the score less
-        the change of mean luma under `min_content`): a camera's exposure settling in its first
-        frames, which its neighbours cannot tell from a cut."""
+        less below; see FULL_RATE_FPS), or where its neighbours that move lie some frames apart
+        (pictures held, see _holds), the ratio at the rate the pictures change. Next to the
+        stream's first frame (which has no score) and, once the stream has ended (flush), its last,
+        a side has fewer than `window` neighbours, and those left are the ones most like the cut's
+        own frame: beside a cut out of or into fast motion, only the moving shot's frames. There the
+        ratio needed goes down towards 1 with the share of neighbours missing: a source cut from a
+        longer one a frame off a cut (clips split by another tool) began or ended a clip with
+        another shot's frame, whose change was 2.1 to 2.6 times its neighbours' mean. Wrong there, a
+        boundary costs a clip a frame or two at the stream's edge. Not for a change that is all
+        brightness, though (the score less the change of mean luma under `min_content`): a camera's
+        exposure settling in its first frames, which its neighbours cannot tell from a cut."""
         present = min(i - 1, self.window) + min(len(self.scores) - 1 - i, self.window)
         if present >= 2 * self.window:
-            return self.rate_threshold
+            # Pictures held for some frames (a cartoon on threes) change at a lower rate than the stream:
+            # the k-th neighbour that moves, k frames off at the stream's rate, lies k * spacing off.
+            gaps = [abs(x - i) / k for step in (-1, 1) for k, x in enumerate(self._neighbours(i, step), 1)]
+            spacing = sum(gaps) / len(gaps)
+            return self._threshold_for(self.fps / spacing) if spacing > 1 else self.rate_threshold
         if self.scores[i] - abs(self.lumas[i] - self.lumas[i - 1]) < self.min_content:
             return self.threshold
         return min(1 + (self.threshold - 1) * present / (2 * self.window), self.rate_threshold)
