@@ -68,21 +68,24 @@ def phash(gray: np.ndarray) -> int:
     return int(sum(1 << k for k, b in enumerate(bits) if b))
 
 
-def _shift(fa: np.ndarray, fb: np.ndarray) -> np.ndarray:
-    """(dx, dy) that moves a gray frame onto another, given their spectra `fa` and `fb` (h, w) (see
-    camera_move), to a fraction of a pixel: phase correlation, its peak refined by a parabola each way."""
-    r = fb * np.conj(fa)
-    corr = np.fft.ifft2(r / np.maximum(np.abs(r), 1e-6)).real  # (h, w)
-    h, w = corr.shape
-    py, px = np.unravel_index(np.argmax(corr), corr.shape)
+def _shifts(fa: np.ndarray, fb: np.ndarray, h_w: tuple[int, int]) -> np.ndarray:
+    """(n, 2): the (dx, dy) that moves each of n gray frames of size `h_w` onto another, given their
+    spectra `fa` and `fb` (np.fft.rfft2, see camera_move), to a fraction of a pixel: phase
+    correlation, its peak refined by a parabola each way."""
+    r = fb * np.conj(fa)  # (n, h, w // 2 + 1): the spectra of real frames, half of each
+    n, h, w = len(r), h_w[0], h_w[1]
+    corr = np.fft.irfft2(r / np.maximum(np.abs(r), 1e-6), s=(h, w), axes=(1, 2))  # (n, h, w)
+    py, px = np.divmod(corr.reshape(n, -1).argmax(1), w)  # (n,) each
+    each = np.arange(n)
+    peak = corr[each, py, px]
 
-    def vertex(before: float, peak: float, after: float) -> float:
+    def vertex(before: np.ndarray, after: np.ndarray) -> np.ndarray:
         curve = before - 2 * peak + after
-        return 0.5 * (before - after) / curve if curve < 0 else 0.0
+        return np.where(curve < 0, 0.5 * (before - after) / np.minimum(curve, -1e-12), 0.0)
 
-    dx = px + vertex(corr[py, (px - 1) % w], corr[py, px], corr[py, (px + 1) % w])
-    dy = py + vertex(corr[(py - 1) % h, px], corr[py, px], corr[(py + 1) % h, px])
-    return np.array([dx - w if dx > w / 2 else dx, dy - h if dy > h / 2 else dy], dtype=np.float32)
+    dx = px + vertex(corr[each, py, (px - 1) % w], corr[each, py, (px + 1) % w])
+    dy = py + vertex(corr[each, (py - 1) % h, px], corr[each, (py + 1) % h, px])
+    return np.stack([np.where(dx > w / 2, dx - w, dx), np.where(dy > h / 2, dy - h, dy)], 1).astype(np.float32)
 
 
 def _moved_back(b: np.ndarray, step: np.ndarray, m: int) -> np.ndarray:
@@ -121,21 +124,18 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
     t, h, w = gray.shape
     if t < 2 or min(h, w) < 4 * PAN_CELLS:
         return None, None
-    # Each frame's spectrum under a Hann window, once: the frame's edges, which do not move with the
+    # The frames' spectra under a Hann window: the frame's edges, which do not move with the
     # picture, would pull the correlation's peak to no shift.
     window = np.outer(np.hanning(h), np.hanning(w))
-    spectra: dict[int, np.ndarray] = {}
-
-    def spectrum(i: int) -> np.ndarray:
-        if i not in spectra:
-            spectra[i] = np.fft.fft2((gray[i] - gray[i].mean()) * window)
-        return spectra[i]
 
     def starts(gap: int, n: int = 16) -> np.ndarray:  # up to n first frames of pairs `gap` apart, over the clip
         return np.unique(np.linspace(0, t - 1 - gap, min(n, t - gap)).round().astype(int))
 
     def shifts(gap: int, n: int = 16) -> np.ndarray:  # (n, 2)
-        return np.array([_shift(spectrum(a), spectrum(a + gap)) for a in starts(gap, n)])
+        first = starts(gap, n)
+        frames = gray[np.concatenate([first, first + gap])]  # (2n, h, w)
+        spectra = np.fft.rfft2((frames - frames.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
+        return _shifts(spectra[:len(first)], spectra[len(first):], (h, w))
 
     # Frames 0.1 s apart first, which even a quick pan leaves in view; then twice as far apart
     # while the shift stays under a sixth of the frame, so that a slow pan moves some pixels.
