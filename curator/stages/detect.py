@@ -39,6 +39,12 @@ REPEAT_SCORE = 0.5
 # levels, where a frame that moves changes by 5 to 20). Counted as neighbours, such frames made
 # each moving frame stand out as a cut: 6 in bikes.mp4 on threes under grain of 8 levels, 10 under 20.
 HOLD_SHARE = 0.25
+# Past `near` frames, a frame's neighbours that move are looked for over exact repeats alone, where
+# each picture is shown for up to this many frames: a 5 fps camera's recording in a 30 fps file, or a
+# slideshow of 4 pictures a second at 25. Taken as neighbours, the repeats' zeros made each change of
+# picture a cut: 336 in the music video with each picture shown 4 times, 515 with each shown 6 times.
+# Longer runs of repeats are a still shot (a freeze frame), whose frames are the neighbours.
+MAX_HOLD = 6
 # `threshold` holds as given at this rate and above. Below it, frames are further apart in time, and
 # motion between neighbours scores higher against a cut: at 12.5 fps (every 2nd frame of a 25 fps
 # music video) its cuts stood 2.0 to 3.0 times above their neighbours where at 25 fps they stood 3
@@ -128,8 +134,11 @@ class AdaptiveDetector:
         self.fps = fps
         self.rate_threshold = self._threshold_for(fps)
         self.min_shot_frames, self.dark_luma, self.flash_frames = min_shot_frames, dark_luma, flash_frames
-        # Frames after a frame that its decision waits for: its neighbours, and a flash's end.
-        self.lookahead = max(window, flash_frames)
+        # Frames near a frame that a hold (see _holds) is weighed against, on each side.
+        self.near = max(window, flash_frames)
+        # Frames after a frame that its decision waits for: its neighbours that move, past pictures
+        # held for up to MAX_HOLD frames, and a flash's end.
+        self.lookahead = max(self.near, window * MAX_HOLD)
         self.scores: list[float] = []  # content score of every frame (0 for the first)
         self.lumas: list[float] = []
         self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run
@@ -152,16 +161,24 @@ class AdaptiveDetector:
 
     def _side(self, i: int, step: int) -> list[float]:
         """Frame i's neighbours' scores on one side (step -1 or +1): the `window` nearest frames
-        that are not a repeat of the frame before them, within `lookahead` frames; where that side
-        has none, its `window` nearest frames as they are (a still shot). Frame 0 has no score."""
+        that do not hold the picture before them (see _holds) within `near` frames, and past those,
+        only over exact repeats of pictures held for up to MAX_HOLD frames; where that side has
+        none, its `window` nearest frames as they are (a still shot). Frame 0 has no score."""
         return [self.scores[x] for x in self._neighbours(i, step)]
 
     def _neighbours(self, i: int, step: int) -> list[int]:
         """The frames of _side."""
         raw = [x for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
-        moving, x = [], i + step
+        moving, x, exact, repeats = [], i + step, True, 0
         while len(moving) < self.window and abs(x - i) <= self.lookahead and 0 < x < len(self.scores):
-            if not self._holds(x, i):
+            repeats = repeats + 1 if self.scores[x] < REPEAT_SCORE else 0  # exact repeats in a row, to x
+            if abs(x - i) <= self.near:
+                if not self._holds(x, i):
+                    moving.append(x)
+                exact = exact and self.scores[x] < REPEAT_SCORE
+            elif not exact or repeats >= MAX_HOLD:  # a still shot, not a picture held
+                break
+            elif not repeats:  # past `near`, over exact repeats of a picture held only
                 moving.append(x)
             x += step
         return moving or raw
@@ -171,7 +188,8 @@ class AdaptiveDetector:
         noise (REPEAT_SCORE, HOLD_SHARE). It is weighed against the frames near it on its own side
         of i only: across a cut out of fast motion into a still shot, the still shot's first frames
         are no holds."""
-        lo, hi = (max(1, x - self.lookahead), i) if x < i else (i + 1, min(len(self.scores), x + self.lookahead + 1))
+        end = min(len(self.scores), x + self.near + 1, i + self.near + 1)  # as far as a decision `near` on sees
+        lo, hi = (max(1, x - self.near), i) if x < i else (i + 1, end)
         near = [self.scores[y] for y in range(lo, hi) if y != x]
         return self.scores[x] < max(REPEAT_SCORE, HOLD_SHARE * max(near, default=0.0))
 
