@@ -33,8 +33,8 @@ FLASH_RATIO = 0.6
 # 2, 3 times) leaves one such frame or two between moving ones; counted as neighbours, their zeros
 # made fast motion stand out as cuts. Repeats measured 0.0 to 0.1 there.
 REPEAT_SCORE = 0.5
-# A frame whose change is under this share of the largest change of a frame near it (within the
-# lookahead, the frame being decided left out) holds the picture before it too, in noise: a drawing
+# A frame whose change is under this share of the largest change of a frame near it (within `near`
+# frames on its own side, the frame being decided left out) holds the picture before it too, in noise: a drawing
 # held for 3 frames of a film scan, or filmed off a screen, changes by its grain alone (1 to 2
 # levels, where a frame that moves changes by 5 to 20). Counted as neighbours, such frames made
 # each moving frame stand out as a cut: 6 in bikes.mp4 on threes under grain of 8 levels, 10 under 20.
@@ -159,15 +159,11 @@ class AdaptiveDetector:
         """The ratio a change needs with the full window, where pictures change `fps` times a second."""
         return 1 + (self.threshold - 1) * min(1.0, fps / FULL_RATE_FPS) ** 0.5 if fps > 0 else self.threshold
 
-    def _side(self, i: int, step: int) -> list[float]:
-        """Frame i's neighbours' scores on one side (step -1 or +1): the `window` nearest frames
-        that do not hold the picture before them (see _holds) within `near` frames, and past those,
-        only over exact repeats of pictures held for up to MAX_HOLD frames; where that side has
-        none, its `window` nearest frames as they are (a still shot). Frame 0 has no score."""
-        return [self.scores[x] for x in self._neighbours(i, step)]
-
     def _neighbours(self, i: int, step: int) -> list[int]:
-        """The frames of _side."""
+        """Frame i's neighbours on one side (step -1 or +1): the `window` nearest frames that do not
+        hold the picture before them (see _holds) within `near` frames, and past those, only over
+        exact repeats of pictures held for up to MAX_HOLD frames; where that side has none, its
+        `window` nearest frames as they are (a still shot). Frame 0 has no score."""
         raw = [x for x in range(i + step, i + step * (self.window + 1), step) if 0 < x < len(self.scores)]
         moving, x, exact, repeats = [], i + step, True, 0
         while len(moving) < self.window and abs(x - i) <= self.lookahead and 0 < x < len(self.scores):
@@ -194,15 +190,19 @@ class AdaptiveDetector:
         return self.scores[x] < max(REPEAT_SCORE, HOLD_SHARE * max(near, default=0.0))
 
     def _is_cut(self, i: int) -> bool:
-        neighbours = self._side(i, -1) + self._side(i, +1)
-        mean = max(sum(neighbours) / max(len(neighbours), 1), 1e-3)
         score = self.scores[i]
-        return score >= self.min_content and score / mean >= self._threshold_at(i) and not self._flash_at(i)
+        if score < self.min_content:
+            return False
+        sides = (self._neighbours(i, -1), self._neighbours(i, +1))
+        near = [self.scores[x] for side in sides for x in side]
+        mean = max(sum(near) / max(len(near), 1), 1e-3)
+        return score / mean >= self._threshold_at(i, sides) and not self._flash_at(i)
 
-    def _threshold_at(self, i: int) -> float:
+    def _threshold_at(self, i: int, sides: tuple[list[int], list[int]]) -> float:
         """The ratio a change at frame i needs: `rate_threshold` (`threshold` at 24 fps and above,
         less below; see FULL_RATE_FPS), or where its neighbours that move lie some frames apart
-        (pictures held, see _holds), the ratio at the rate the pictures change. Next to the
+        (`sides`, its neighbours before and after it; pictures held, see _holds), the ratio at the
+        rate the pictures change. Next to the
         stream's first frame (which has no score) and, once the stream has ended (flush), its last,
         a side has fewer than `window` neighbours, and those left are the ones most like the cut's
         own frame: beside a cut out of or into fast motion, only the moving shot's frames. There the
@@ -216,7 +216,7 @@ class AdaptiveDetector:
         if present >= 2 * self.window:
             # Pictures held for some frames (a cartoon on threes) change at a lower rate than the stream:
             # the k-th neighbour that moves, k frames off at the stream's rate, lies k * spacing off.
-            gaps = [abs(x - i) / k for step in (-1, 1) for k, x in enumerate(self._neighbours(i, step), 1)]
+            gaps = [abs(x - i) / k for side in sides for k, x in enumerate(side, 1)]
             spacing = sum(gaps) / len(gaps)
             return self._threshold_for(self.fps / spacing) if spacing > 1 else self.rate_threshold
         if self.scores[i] - abs(self.lumas[i] - self.lumas[i - 1]) < self.min_content:

@@ -68,12 +68,12 @@ def phash(gray: np.ndarray) -> int:
     return int(sum(1 << k for k, b in enumerate(bits) if b))
 
 
-def _shifts(fa: np.ndarray, fb: np.ndarray, h_w: tuple[int, int]) -> np.ndarray:
-    """(n, 2): the (dx, dy) that moves each of n gray frames of size `h_w` onto another, given their
+def _shifts(fa: np.ndarray, fb: np.ndarray, w: int) -> np.ndarray:
+    """(n, 2): the (dx, dy) that moves each of n gray frames `w` wide onto another, given their
     spectra `fa` and `fb` (np.fft.rfft2, see camera_move), to a fraction of a pixel: phase
     correlation, its peak refined by a parabola each way."""
     r = fb * np.conj(fa)  # (n, h, w // 2 + 1): the spectra of real frames, half of each
-    n, h, w = len(r), h_w[0], h_w[1]
+    n, h = r.shape[:2]
     corr = np.fft.irfft2(r / np.maximum(np.abs(r), 1e-6), s=(h, w), axes=(1, 2))  # (n, h, w)
     py, px = np.divmod(corr.reshape(n, -1).argmax(1), w)  # (n,) each
     each = np.arange(n)
@@ -135,7 +135,7 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
         first = starts(gap, n)
         frames = gray[np.concatenate([first, first + gap])]  # (2n, h, w)
         spectra = np.fft.rfft2((frames - frames.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
-        return _shifts(spectra[:len(first)], spectra[len(first):], (h, w))
+        return _shifts(spectra[:len(first)], spectra[len(first):], w)
 
     # Frames 0.1 s apart first, which even a quick pan leaves in view; then twice as far apart
     # while the shift stays under a sixth of the frame, so that a slow pan moves some pixels.
@@ -154,13 +154,13 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
     m = int(np.ceil(np.abs(rate).max() * gap)) + 1  # a margin that the shift does not read past
     if speed < MIN_PAN_SPEED or np.abs(rate).max() * (t - 1) < MIN_PAN_PX or m > min(h, w) / 4:
         return None, None
-    agree = 0  # cells, summed over the pairs
-    for a in starts(gap):
+    agree, pairs = 0, starts(gap)  # cells, summed over the pairs
+    for a in pairs:
         before, after = gray[a][m:h - m, m:w - m], gray[a + gap][m:h - m, m:w - m]
         explained = _cells(np.abs(_moved_back(gray[a + gap], rate * gap, m) - before))
         plain = _cells(np.abs(after - before))
         agree += int(((plain >= PAN_CHANGE) & (explained < 0.6 * plain)).sum())
-    if agree < PAN_AGREE * PAN_CELLS ** 2 * len(starts(gap)):
+    if agree < PAN_AGREE * PAN_CELLS ** 2 * len(pairs):
         return None, None
     return _direction(-rate, 0.0), speed
 
