@@ -71,12 +71,28 @@ def open_input(source) -> av.container.InputContainer:
 
 
 def video_stream(container) -> av.VideoStream | None:
-    """The source's video: its first video stream that is not a cover picture (music and podcast
-    files, and downloads with an embedded thumbnail, carry one as a one-frame video stream)."""
-    for stream in container.streams.video:
-        if not stream.disposition & av.stream.Disposition.attached_pic:
-            return stream
-    return None
+    """The source's video: of its video streams that are not a cover picture (music and podcast
+    files, and downloads with an embedded thumbnail, carry one as a one-frame video stream marked as
+    such), the longest as the header states it; among those within a tenth of it, the largest
+    picture, then the first; the first where the header states no length. A thumbnail added the
+    naive way (`ffmpeg -i video -i thumb.jpg -map 0 -map 1`) is an unmarked one-frame stream,
+    sometimes the first and the default: it is not the video."""
+    streams = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
+    if len(streams) < 2:
+        return streams[0] if streams else None
+    lengths = [_stated_length(container, s) for s in streams]
+    longest = max(lengths)
+    if not longest:
+        return streams[0]
+    return max((s for s, n in zip(streams, lengths, strict=True) if n >= 0.9 * longest),
+               key=lambda s: (s.codec_context.width or 0) * (s.codec_context.height or 0))
+
+
+def _stated_length(container, stream) -> float:
+    """Seconds of the stream as the header states them: its duration, else its frame count at its
+    rate; 0 when it says neither."""
+    rate = _rate(stream.average_rate or stream.base_rate)
+    return stated_duration(container, stream) or (stream.frames / rate if stream.frames and rate else 0.0)
 
 
 class Damage:

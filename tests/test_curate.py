@@ -1081,6 +1081,28 @@ def test_process_source_keeps_memory_bounded_by_one_clip(bikes):
     assert np.all(np.diff([s for s, _ in spans]) == 15)
 
 
+def _remuxed_from(video: Path, path: Path, start_s: float = 0, thumbnail: bool = False) -> None:
+    """`video`'s packets copied into `path`, as `ffmpeg -ss start_s -i video -c copy path` writes
+    them: from the key frame before `start_s`, their times shifted back by it, so that an MP4's edit
+    list hides the frames before. `thumbnail`: behind a one-frame JPEG stream not marked as a cover,
+    a thumbnail added the naive way (`ffmpeg -i thumb.jpg -i video -map 0 -map 1 -c copy`)."""
+    with av.open(str(video)) as src, av.open(str(path), "w") as out:
+        if thumbnail:
+            thumb = out.add_stream("mjpeg", rate=1)
+            thumb.width, thumb.height, thumb.pix_fmt = 64, 36, "yuvj420p"
+        stream = src.streams.video[0]
+        copied = out.add_stream_from_template(stream)
+        if thumbnail:
+            picture = av.VideoFrame.from_ndarray(np.full((36, 64, 3), 200, np.uint8), format="rgb24")
+            for p in [*thumb.encode(picture.reformat(format="yuvj420p")), *thumb.encode()]:
+                out.mux(p)
+        shift = round(start_s / stream.time_base)
+        for p in src.demux(stream):
+            if p.dts is not None:  # not the demuxer's empty packet at the end
+                p.pts, p.dts, p.stream = p.pts - shift, p.dts - shift, copied
+                out.mux(p)
+
+
 def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_path):
     """A Matroska file cut in two (an interrupted download or copy) decodes without an error up to
     its cut: its header, at the front, still states the whole duration. Its record was an `ok` with
@@ -1091,8 +1113,7 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
     data = (tmp_path / "whole.mkv").read_bytes()
     (tmp_path / "half.mkv").write_bytes(data[: len(data) // 2])
     _encode(tmp_path / "whole.mp4", frames, fps=25, container_options={"movflags": "+faststart"})
-    subprocess.run(["ffmpeg", "-v", "error", "-ss", "1", "-i", str(tmp_path / "whole.mp4"), "-c", "copy",
-                    str(tmp_path / "trimmed.mp4")], check=True)  # an edit list: 3 s stated and shown
+    _remuxed_from(tmp_path / "whole.mp4", tmp_path / "trimmed.mp4", start_s=1)  # an edit list: 3 s stated and shown
     cfg = _cfg(tmp_path, tmp_path / "out")
     records = {name: process_source(str(tmp_path / name), name, cfg)[0]
                for name in ("whole.mkv", "half.mkv", "whole.mp4", "trimmed.mp4")}
@@ -1102,6 +1123,21 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
                      half["warning"])
     assert all("cut short" not in (r["warning"] or "") for r in records.values()), records
     assert records["whole.mkv"]["num_frames"] == records["whole.mp4"]["num_frames"] == 100
+
+
+@pytest.mark.parametrize("ext", ["mkv", "mp4"])
+def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes, tmp_path, ext):
+    """A one-frame JPEG stream ahead of the video, not marked as a cover (in the MP4 it is even the
+    default stream): the first video stream was taken, and the source came out as one clip of the
+    thumbnail, dropped. The video is the longest stream the header states."""
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    plain, plain_clips = process_source(str(bikes), "bikes", cfg)
+    _remuxed_from(bikes, tmp_path / f"thumb.{ext}", thumbnail=True)
+    record, clips = process_source(str(tmp_path / f"thumb.{ext}"), "thumb", cfg)
+    assert record["status"] == "ok" and record["codec"] == "h264" and record["num_frames"] == 250
+    assert record["shots"] == plain["shots"]
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
 def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, tmp_path):
@@ -1133,8 +1169,7 @@ def test_a_damaged_stretch_of_a_windows_media_file_is_dropped_as_damaged(bikes, 
     """WMV2 (Windows Media Video 8, of old Windows collections) as FFmpeg writes it, with noise over
     8 bytes 40% into the file: its decoder logs "dc overflow" and goes on, marking nothing. The
     frames from there to the next key frame went into a kept clip; now they are dropped as damaged."""
-    subprocess.run(["ffmpeg", "-v", "error", "-i", str(bikes), "-frames:v", "100", "-c:v", "wmv2",
-                    str(tmp_path / "old.wmv")], check=True)
+    _encode(tmp_path / "old.wmv", list(bikes_frames(bikes))[:100], fps=25, codec="wmv2")  # FFmpeg's defaults
     data = bytearray((tmp_path / "old.wmv").read_bytes())
     at = len(data) * 4 // 10
     data[at:at + 8] = random.Random(0).randbytes(8)
