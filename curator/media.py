@@ -259,6 +259,11 @@ def probe(path: str) -> Probe:
                 raise MediaError(f"no decodable video frame ({ctx.name} stream{rejected})")
             rotation = int(getattr(first, "rotation", 0) or 0) % 360
             avg, nominal = _rate(stream.average_rate), _rate(stream.base_rate or stream.guessed_rate)
+            gaps = frame_gaps(container, stream) if avg and nominal and abs(avg - nominal) / nominal > 0.01 else None
+            if gaps is not None and len(gaps) >= 8 and avg * gaps.min() > 2:
+                # A mean rate twice as fast as any two frames follow each other is none: a raw DV
+                # file's header states its time base as its rate, 60000 a second, for 29.97 frames.
+                avg = 0.0
             fps = avg or nominal
             if not fps or not math.isfinite(fps):
                 raise MediaError("the stream states no frame rate")
@@ -284,7 +289,7 @@ def probe(path: str) -> Probe:
                 rotation=rotation,
                 codec=ctx.name,
                 vfr=vfr,
-                filmed_fps=filmed_rate(container, stream, fps, nominal) if vfr else fps,
+                filmed_fps=filmed_rate(gaps, fps, nominal) if vfr else fps,
                 pixel_aspect=round(float(aspect), 4),
                 interlaced=interlaced,
                 top_field_first=ctx.field_order not in (3, 4),
@@ -373,19 +378,24 @@ def ffmpeg_message(e: av.FFmpegError, path: str) -> str:
     return f"{e.strerror or e}{where}"
 
 
-def filmed_rate(container, stream, mean: float, nominal: float, count: int = 500) -> float:
-    """The rate a variable frame rate stream runs at where it runs steadily, from the timestamps of
-    its next `count` packets (demuxed, not decoded): one over the 10th percentile of the gaps
-    between frames, between the mean rate and the nominal one. The mean alone is too low wherever
-    the recording pauses (a 25 fps file with a 10 s pause in it averages 12.5 fps), and a stream
-    transcoded at it drops every other frame of its footage; the nominal rate (FFmpeg's guess from
-    the first frames) is no more than a bound, as a phone's 1/600 s clock can make it 600."""
+def frame_gaps(container, stream, count: int = 500) -> np.ndarray:
+    """Seconds between the stream's next `count` packets (demuxed, not decoded) in presentation
+    order, those above 0."""
     try:
         pts = [p.pts for p in itertools.islice(packets(container, stream), count) if p.pts is not None]
     except (av.FFmpegError, ValueError):
         pts = []
     gaps = np.diff(np.unique(np.array(pts, dtype=np.int64))) * float(stream.time_base or 0)
-    gaps = gaps[gaps > 0]
+    return gaps[gaps > 0]
+
+
+def filmed_rate(gaps: np.ndarray, mean: float, nominal: float) -> float:
+    """The rate a variable frame rate stream runs at where it runs steadily, from the `gaps` between
+    its frames (frame_gaps): one over their 10th percentile, between the mean rate and the nominal
+    one. The mean alone is too low wherever the recording pauses (a 25 fps file with a 10 s pause
+    in it averages 12.5 fps), and a stream transcoded at it drops every other frame of its footage;
+    the nominal rate (FFmpeg's guess from the first frames) is no more than a bound, as a phone's
+    1/600 s clock can make it 600."""
     if len(gaps) < 8:
         return mean
     rate = 1.0 / float(np.percentile(gaps, 10))

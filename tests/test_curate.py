@@ -1140,6 +1140,33 @@ def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes,
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
+def test_a_raw_dv_file_is_curated_at_its_frame_rate_not_its_header_s_time_base(bikes, tmp_path):
+    """A raw DV file (.dv, as a camcorder's tape is captured): FFmpeg's header of it states a mean
+    rate of 60000 frames a second, its time base. The source was taken for 60000 fps and each clip
+    transcoded at that rate, a minute and more of encoding for 4 s of footage (its frames come 1/25 s
+    apart). A mean rate twice as fast as any two frames follow each other is no rate."""
+    from curator.media import probe
+
+    with av.open(str(tmp_path / "tape.dv"), "w", format="dv") as c:
+        s = c.add_stream("dvvideo", rate=25)
+        s.width, s.height, s.pix_fmt = 720, 576, "yuv420p"  # PAL DV, stored anamorphic
+        for a in list(bikes_frames(bikes))[:100]:  # 4 s at 25 fps, cuts at 30 and 76
+            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24").reformat(720, 576, "yuv420p")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with av.open(str(tmp_path / "tape.dv")) as c:
+        assert float(c.streams.video[0].average_rate) == 60000  # what the header says
+    p = probe(str(tmp_path / "tape.dv"))
+    assert p.fps == p.filmed_fps == 25 and not p.vfr
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    record, clips = process_source(str(tmp_path / "tape.dv"), "tape", cfg)
+    assert record["shots"] == [[0, 30], [30, 76], [76, 100]] and record["duration_s"] == 4.0
+    assert [c.kept for c in clips] == [True, True, True]
+    with av.open(io.BytesIO(clips[0].mp4)) as c:
+        assert c.streams.video[0].average_rate == 25 and c.streams.video[0].frames == 29
+
+
 def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, tmp_path):
     """A camera's Motion JPEG AVI with noise over the middle of one frame's data (a bad sector, a
     flipped bit): FFmpeg's MJPEG decoder logs "bad vlc" and decodes the frame with broken blocks,

@@ -12,7 +12,7 @@ from curator.stages.discover import content_hash, discover, largest_first, sourc
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     for name in ("a.mp4", "sub/b.MTS", "sub/deeper/c.3gp", "sub/d.Mov", "notes.txt", "e.json", ".hidden.mp4",
-                 "sub/f.gif"):
+                 "sub/f.gif", "tapes/g.dv", "tapes/h.MOD"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(name.encode())
     return tmp_path
@@ -20,7 +20,7 @@ def tree(tmp_path: Path) -> Path:
 
 def test_a_directory_gives_its_videos_recursively_in_any_case_without_hidden_files(tree):
     found = [Path(p).relative_to(tree).as_posix() for p in discover(str(tree))]
-    assert found == ["a.mp4", "sub/b.MTS", "sub/d.Mov", "sub/deeper/c.3gp"]
+    assert found == ["a.mp4", "sub/b.MTS", "sub/d.Mov", "sub/deeper/c.3gp", "tapes/g.dv", "tapes/h.MOD"]
 
 
 def test_a_broken_link_in_a_directory_is_an_input_that_cannot_be_read_not_a_silent_skip(tree):
@@ -43,7 +43,7 @@ def test_links_to_folders_are_followed_each_folder_once(tree, tmp_path_factory):
     (tree / "sub" / "deeper" / "up").symlink_to(tree)
     found = discover(str(tree))
     assert found.count(str(other / "batch1" / "x.mp4")) == 1
-    assert sorted(Path(p).name for p in found) == ["a.mp4", "b.MTS", "c.3gp", "d.Mov", "x.mp4"]
+    assert sorted(Path(p).name for p in found) == ["a.mp4", "b.MTS", "c.3gp", "d.Mov", "g.dv", "h.MOD", "x.mp4"]
 
 
 def test_a_glob_and_a_list_file_name_their_inputs_whatever_the_extension(tree):

@@ -11,12 +11,14 @@ from pathlib import Path
 from curator.sandbox import progress
 
 # What a directory is searched for, in any case (.MP4, .MTS): containers FFmpeg reads, from phones
-# (.3gp), camcorders (AVCHD .mts/.m2ts), broadcast and editing (.mxf, .vob) and the web, and the raw
-# H.264/H.265 streams that security recorders and drones export. A glob or a list file names its
-# inputs itself, whatever their extensions (an animated .gif, say).
+# (.3gp), camcorders (AVCHD .mts/.m2ts, tape captured as raw DV .dv/.dif, MPEG-2 .mod/.tod, DVD
+# recorders' .vro), broadcast and editing (.mxf, .vob), old collections (.divx, RealVideo .rm/.rmvb)
+# and the web, and the raw streams that security recorders and drones export (H.264/H.265, MJPEG).
+# A glob or a list file names its inputs itself, whatever their extensions (an animated .gif, say).
 VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".qt", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".m2v", ".ts", ".mts",
                     ".m2ts", ".flv", ".f4v", ".wmv", ".asf", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".y4m",
-                    ".h264", ".264", ".h265", ".265", ".hevc"}
+                    ".dv", ".dif", ".mod", ".tod", ".vro", ".divx", ".rm", ".rmvb", ".m1v", ".ivf", ".nut",
+                    ".h264", ".264", ".h265", ".265", ".hevc", ".mjpeg", ".mjpg"}
 LIST_EXTENSIONS = {".txt", ".lst", ".list"}
 
 
