@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import av
 import numpy as np
+from av.video.frame import PictureType
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from curator.sandbox import progress
@@ -142,6 +143,9 @@ def packets(container, stream) -> Iterator[av.Packet]:
 # damaging files of each kind FFmpeg writes: H.264, HEVC, MPEG-1/2/4, H.263, VP9 and AV1 reject the
 # packet or mark the frame corrupt, and their logs also hold errors of no damage ("mmco: unref short
 # failure"), so they are not read. VP8's decoder says nothing at all.
+# B-frames held back at most, until the frame after them that they are predicted from is decoded
+# (H.264 allows 16 in a row); more in a row are frames of a stream coded all in B-slices.
+MAX_HELD_B = 16
 DAMAGE_ONLY_LOGGED = {"wmv1", "wmv2", "msmpeg4v1", "msmpeg4v2", "msmpeg4"}
 
 
@@ -182,6 +186,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                     codec: str = "") -> Iterator[tuple[av.VideoFrame, bool]]:
     """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for errors of decoder
     `codec`, if given."""
+    held: list[av.VideoFrame] = []  # B-frames not yet shown: the frame they are predicted from may be damaged
     for packet in packets(container, stream):
         if logs:
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
@@ -194,6 +199,10 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
             if packet.is_keyframe and damage.key_at is None:
                 damage.key_at = damage.bad_run
             damage.since_key = True
+            for b in held:  # shown before the frame they are predicted from, which may be this one
+                damage.damaged_frames += 1
+                yield b, True
+            held.clear()
             # A run is given up only a while after a key frame failed too: a stream cut from the
             # middle of a long group of pictures (a recording started part-way) is rejected packet
             # after packet until its next key frame brings the parameter sets the decoder lacks.
@@ -203,12 +212,23 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
             continue
         damage.bad_run, damage.key_at = 0, None
         for frame in frames:
-            if frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
+            if frame.key_frame or frame.pict_type == PictureType.I:
                 damage.since_key = False  # predicted from nothing before it
             if frame.is_corrupt or logged:
                 damage.since_key = True  # the frames predicted from it carry its errors on
+            if frame.pict_type == PictureType.B and not damage.since_key and len(held) < MAX_HELD_B:
+                held.append(frame)
+                continue
+            # B-frames shown before this frame are predicted from it too (it was decoded first):
+            # where it is damaged, so are they.
+            for b in held:
+                damage.damaged_frames += damage.since_key
+                yield b, damage.since_key
+            held.clear()
             damage.damaged_frames += damage.since_key
             yield frame, damage.since_key
+    for b in held:
+        yield b, False
 
 
 def stated_duration(container, stream) -> float:
@@ -498,7 +518,11 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         stream = video_stream(container)
         if threads != 1:
             stream.thread_type = "AUTO"
-            stream.codec_context.thread_count = threads
+        # One thread where asked, not PyAV's default of slice threads, as many as the cores: those
+        # turn off the error resilience of FFmpeg's H.264 decoder, which then decodes a damaged
+        # stretch into garbage that it neither conceals nor marks (every damaged frame of a
+        # bit-flipped mp4 came out unmarked, into kept clips). Frame threads keep it.
+        stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
         first_aspect = None  # a stream can change size part-way (a recording across a switch)

@@ -11,7 +11,7 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             pixel_aspect=None, gop=None, metadata=None, codec="libx264", container_options=None, x264_params=None):
     """Write RGB frames as H.264 (or `codec`) with PyAV; `pts` with `time_base` gives a variable frame
     rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many;
-    `x264_params`: x264's own options ("tff=1": interlaced, top field first)."""
+    `x264_params`: x264's own options ("tff=1": interlaced, top field first), or x265's for libx265."""
     import av
 
     with av.open(str(path), "w", options=container_options or {}) as c:
@@ -27,7 +27,7 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             s.codec_context.sample_aspect_ratio = pixel_aspect
         options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"} if gop else {}
         if x264_params:
-            options["x264-params"] = x264_params
+            options["x265-params" if codec == "libx265" else "x264-params"] = x264_params
         if options:
             s.options = options
         for i, a in enumerate(frames):
@@ -53,13 +53,15 @@ def bikes_frames(bikes: Path) -> tuple:
     return frames
 
 
-def write_bit_flipped_vp9(bikes: Path, path: Path, frames: int = 100, flips: int = 30, seed: int = 0) -> None:
-    """bikes.mp4's first `frames` at half size as VP9 in WebM, with `flips` bits flipped at random
-    past the headers: a damaged download. FFmpeg's VP9 decoder gives out one frame more of it in one
-    thread than frame-threaded."""
+def write_bit_flipped(bikes: Path, path: Path, codec: str = "libvpx-vp9", frames: int = 100, flips: int = 30,
+                      seed: int = 0) -> None:
+    """bikes.mp4's first `frames` at half size in `codec` (x265 in one thread, so that its bytes do
+    not depend on the cores), with `flips` bits flipped at random past the headers: a damaged
+    download."""
     import random
 
-    _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:frames]], fps=25, codec="libvpx-vp9")
+    params = "pools=1:frame-threads=1:log-level=error" if codec == "libx265" else None
+    _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:frames]], fps=25, codec=codec, x264_params=params)
     data, rng = bytearray(path.read_bytes()), random.Random(seed)
     for _ in range(flips):
         data[rng.randrange(2000, len(data))] ^= 1 << rng.randrange(8)

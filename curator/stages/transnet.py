@@ -177,8 +177,8 @@ def detect_shots(path: str, cfg_dict: dict, threads: int = 0) -> dict:
 
     `threads` must be those the transcode pass decodes with (its `codec_threads`): the cuts are
     frame numbers in that pass. A valid stream decodes to the same frames whatever the threads, but
-    a damaged one need not: a bit-flipped VP9 file gave one frame fewer frame-threaded than in one
-    thread, and every cut after it came a frame early in the transcode pass."""
+    a damaged one need not: a bit-flipped HEVC file gave two frames fewer frame-threaded than in one
+    thread, and a cut after frames lost so comes early in the transcode pass."""
     p = media.probe(path)
     with keepalive():  # loading torch and the model, the first time, reports no progress of its own
         model = _load()
