@@ -562,21 +562,26 @@ def test_attribute_captions_say_how_fast_a_thing_moves(widths_per_s, pace):
     assert attributes_caption(scores) == f"a red object moves right{pace} on a gray background"
 
 
-def _panned(still: np.ndarray, size: tuple[int, int], start: tuple[float, float], px_per_frame: tuple[float, float],
-            frames: int) -> list[np.ndarray]:
-    """A camera's view of `size` (w, h) moving over `still` from `start` (x, y) by `px_per_frame`
-    (dx, dy), to a fraction of a pixel (bilinear): a pan as slow as one likes."""
+def _camera_view(still: np.ndarray, size: tuple[int, int], centre: tuple[float, float], frames: int,
+                 px_per_frame: tuple[float, float] = (0, 0), zoom_per_frame: float = 0, turn_per_frame: float = 0,
+                 ) -> list[np.ndarray]:
+    """A camera's view of `size` (w, h) over `still`, centred at `centre` (x, y) in the first frame:
+    it moves by `px_per_frame` (dx, dy), magnifies by e**`zoom_per_frame` and turns by `turn_per_frame`
+    radians each frame, to a fraction of a pixel (bilinear): pans, zooms and turns as slow as one likes."""
     w, h = size
     still = still.astype(np.float32)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     out = []
     for i in range(frames):
-        x, y = start[0] + px_per_frame[0] * i, start[1] + px_per_frame[1] * i
-        x0, y0 = int(x), int(y)
-        fx, fy = x - x0, y - y0
-        view = still[y0:y0 + h + 1, x0:x0 + w + 1]
-        view = view[:, :-1] * (1 - fx) + view[:, 1:] * fx
-        view = view[:-1] * (1 - fy) + view[1:] * fy
-        out.append(np.ascontiguousarray(view.round().astype(np.uint8)))
+        grown, angle = np.exp(zoom_per_frame * i), turn_per_frame * i
+        u, v = (xs - (w - 1) / 2) / grown, (ys - (h - 1) / 2) / grown
+        x = centre[0] + px_per_frame[0] * i + np.cos(angle) * u - np.sin(angle) * v
+        y = centre[1] + px_per_frame[1] * i + np.sin(angle) * u + np.cos(angle) * v
+        x0, y0 = x.astype(int), y.astype(int)
+        fx, fy = (x - x0)[..., None], (y - y0)[..., None]
+        top = still[y0, x0] * (1 - fx) + still[y0, x0 + 1] * fx
+        bottom = still[y0 + 1, x0] * (1 - fx) + still[y0 + 1, x0 + 1] * fx
+        out.append(np.ascontiguousarray((top * (1 - fy) + bottom * fy).round().astype(np.uint8)))
     return out
 
 
@@ -593,14 +598,42 @@ def test_a_slow_pan_is_said_to_be_a_pan_and_is_no_still_shot(bikes, tmp_path, fr
     still = bikes_frames(bikes)[80]  # (272, 640, 3)
     w, h, fps = 256, 144, 25
     step = (frames_per_s[0] * w / fps, frames_per_s[1] * h / fps)
-    start = (300 if step[0] < 0 else 20, 40)
-    _encode(tmp_path / "pan.mp4", _panned(still, (w, h), start, step, 3 * fps), fps=fps)
+    centre = (300 if step[0] < 0 else 20) + (w - 1) / 2, 40 + (h - 1) / 2
+    _encode(tmp_path / "pan.mp4", _camera_view(still, (w, h), centre, 3 * fps, px_per_frame=step), fps=fps)
     _, (clip,) = process_source(str(tmp_path / "pan.mp4"), "pan", conf.compose("curate", ["input=x", "output=y"]))
     assert clip.kept, clip.reason
     assert clip.scores["camera_pan"] == way
     assert clip.scores["pan_speed"] == pytest.approx(max(map(abs, frames_per_s)), rel=0.1)
     assert attributes_caption(clip.scores).endswith(f", the camera pans {way}{pace}")
     assert clip.scores["object_colour"] is None  # the scene moves, not a thing in it
+
+
+@pytest.mark.parametrize("grows_per_s, way, pace", [(0.05, "in", " slowly"), (0.3, "in", ""), (-0.15, "out", "")])
+def test_a_zoom_is_said_to_be_a_zoom_and_is_no_still_shot(bikes, tmp_path, grows_per_s, way, pace):
+    """3 s of a 256x144 view of a still of bikes.mp4 that grows (or shrinks) about its centre by 5%,
+    35% and -14% a second. The caption said "a gray object stays still" or "moves about", and the
+    slowest zoom was dropped as `static`. A turn of the camera is no zoom, nor is a thing that comes
+    nearer before the still street (a red square growing in the middle of it)."""
+    from curator.stages.caption import attributes_caption
+
+    still, fps = bikes_frames(bikes)[80], 25  # (272, 640, 3)
+    cfg = conf.compose("curate", ["input=x", "output=y"])
+    _encode(tmp_path / "zoom.mp4", _camera_view(still, (256, 144), (330, 140), 3 * fps,
+                                                zoom_per_frame=grows_per_s / fps), fps=fps)
+    _, (clip,) = process_source(str(tmp_path / "zoom.mp4"), "zoom", cfg)
+    assert clip.kept, clip.reason
+    assert (clip.scores["camera_zoom"], clip.scores["camera_pan"]) == (way, None)
+    assert clip.scores["zoom_speed"] == pytest.approx(abs(grows_per_s), rel=0.2)
+    assert attributes_caption(clip.scores) == f"a scene on a brown background, the camera zooms {way}{pace}"
+    nearing = [np.ascontiguousarray(still[68:212, 202:458]) for _ in range(3 * fps)]  # (144, 256, 3) each
+    for i, frame in enumerate(nearing):
+        r = 5 + i // 2
+        frame[72 - r:72 + r, 128 - r:128 + r] = (230, 30, 30)
+    for name, frames in (("turn", _camera_view(still, (256, 144), (330, 140), 3 * fps, turn_per_frame=0.2 / fps)),
+                         ("nearing", nearing)):
+        _encode(tmp_path / f"{name}.mp4", frames, fps=fps)
+        _, (clip,) = process_source(str(tmp_path / f"{name}.mp4"), name, cfg)
+        assert clip.scores["camera_zoom"] is None, name
 
 
 def test_a_thing_moving_before_a_still_street_is_no_pan(bikes, tmp_path):
@@ -617,7 +650,7 @@ def test_a_thing_moving_before_a_still_street_is_no_pan(bikes, tmp_path):
         frames.append(frame)
     _encode(tmp_path / "square.mp4", frames, fps=25)
     _, (clip,) = process_source(str(tmp_path / "square.mp4"), "square", conf.compose("curate", ["input=x", "output=y"]))
-    assert clip.scores["camera_pan"] is None
+    assert clip.scores["camera_pan"] is None and clip.scores["camera_zoom"] is None
     assert attributes_caption(clip.scores).startswith("a red object moves right on a ")
 
 

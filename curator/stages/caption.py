@@ -22,7 +22,8 @@ import numpy as np
 # this, an object that goes nowhere moves about (waves, paces, turns); below, it stays still.
 MOVES_ABOUT_AREA = 0.005
 # Frames a second (score.measure's object_speed, pan_speed) below which a move is slow: across the
-# frame in more than 10 s; and above which it is quick: in less than 2 s.
+# frame in more than 10 s; and above which it is quick: in less than 2 s. A zoom's speed (zoom_speed,
+# the log of its growth a second) against the same: slow, by under 10% a second; quick, 65% and more.
 SLOW, QUICK = 0.1, 0.5
 
 
@@ -47,6 +48,8 @@ def attributes_caption(scores: dict) -> str:
     text = f"{subject}{action} on a {scores['background_colour']} background"
     if scores.get("camera_pan"):
         text += f", the camera pans {scores['camera_pan']}{_pace(scores.get('pan_speed'))}"
+    elif scores.get("camera_zoom"):
+        text += f", the camera zooms {scores['camera_zoom']}{_pace(scores.get('zoom_speed'))}"
     brightness = scores.get("brightness", 128)
     if brightness < 30:
         text += ", dimly lit"
