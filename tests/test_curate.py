@@ -612,8 +612,8 @@ def test_a_slow_pan_is_said_to_be_a_pan_and_is_no_still_shot(bikes, tmp_path, fr
 def test_a_zoom_is_said_to_be_a_zoom_and_is_no_still_shot(bikes, tmp_path, grows_per_s, way, pace):
     """3 s of a 256x144 view of a still of bikes.mp4 that grows (or shrinks) about its centre by 5%,
     35% and -14% a second. The caption said "a gray object stays still" or "moves about", and the
-    slowest zoom was dropped as `static`. A turn of the camera is no zoom, nor is a thing that comes
-    nearer before the still street (a red square growing in the middle of it)."""
+    slowest zoom was dropped as `static`. A thing that comes nearer before the still street (a red
+    square growing in the middle of it) is no zoom."""
     from curator.stages.caption import attributes_caption
 
     still, fps = bikes_frames(bikes)[80], 25  # (272, 640, 3)
@@ -629,11 +629,26 @@ def test_a_zoom_is_said_to_be_a_zoom_and_is_no_still_shot(bikes, tmp_path, grows
     for i, frame in enumerate(nearing):
         r = 5 + i // 2
         frame[72 - r:72 + r, 128 - r:128 + r] = (230, 30, 30)
-    for name, frames in (("turn", _camera_view(still, (256, 144), (330, 140), 3 * fps, turn_per_frame=0.2 / fps)),
-                         ("nearing", nearing)):
-        _encode(tmp_path / f"{name}.mp4", frames, fps=fps)
-        _, (clip,) = process_source(str(tmp_path / f"{name}.mp4"), name, cfg)
-        assert clip.scores["camera_zoom"] is None, name
+    _encode(tmp_path / "nearing.mp4", nearing, fps=fps)
+    _, (clip,) = process_source(str(tmp_path / "nearing.mp4"), "nearing", cfg)
+    assert (clip.scores["camera_zoom"], clip.scores["camera_turn"]) == (None, None)
+    assert attributes_caption(clip.scores).startswith("a red object ")
+
+
+@pytest.mark.parametrize("turns_per_s, way, pace", [(0.05, "clockwise", " slowly"), (-0.2, "counterclockwise", "")])
+def test_a_turn_of_the_camera_is_said_to_be_a_turn_not_a_zoom(bikes, tmp_path, turns_per_s, way, pace):
+    """The view of the zoom test turning about its centre, 0.05 and -0.2 radians a second (3 and 11
+    degrees), as a camera rolls: it read "a gray object stays still" or "moves about"."""
+    from curator.stages.caption import attributes_caption
+
+    still, fps = bikes_frames(bikes)[80], 25
+    _encode(tmp_path / "turn.mp4", _camera_view(still, (256, 144), (330, 140), 3 * fps,
+                                                turn_per_frame=turns_per_s / fps), fps=fps)
+    _, (clip,) = process_source(str(tmp_path / "turn.mp4"), "turn", conf.compose("curate", ["input=x", "output=y"]))
+    assert clip.kept, clip.reason
+    assert (clip.scores["camera_turn"], clip.scores["camera_zoom"], clip.scores["camera_pan"]) == (way, None, None)
+    assert clip.scores["turn_speed"] == pytest.approx(abs(turns_per_s), rel=0.2)
+    assert attributes_caption(clip.scores) == f"a scene on a brown background, the camera turns {way}{pace}"
 
 
 def test_a_thing_moving_before_a_still_street_is_no_pan(bikes, tmp_path):
@@ -650,7 +665,7 @@ def test_a_thing_moving_before_a_still_street_is_no_pan(bikes, tmp_path):
         frames.append(frame)
     _encode(tmp_path / "square.mp4", frames, fps=25)
     _, (clip,) = process_source(str(tmp_path / "square.mp4"), "square", conf.compose("curate", ["input=x", "output=y"]))
-    assert clip.scores["camera_pan"] is None and clip.scores["camera_zoom"] is None
+    assert clip.scores["camera_pan"] is clip.scores["camera_zoom"] is clip.scores["camera_turn"] is None
     assert attributes_caption(clip.scores).startswith("a red object moves right on a ")
 
 

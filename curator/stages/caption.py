@@ -23,7 +23,8 @@ import numpy as np
 MOVES_ABOUT_AREA = 0.005
 # Frames a second (score.measure's object_speed, pan_speed) below which a move is slow: across the
 # frame in more than 10 s; and above which it is quick: in less than 2 s. A zoom's speed (zoom_speed,
-# the log of its growth a second) against the same: slow, by under 10% a second; quick, 65% and more.
+# the log of its growth a second) against the same: slow, by under 10% a second; quick, 65% and more;
+# and a turn's (turn_speed, radians a second): slow, under 6 degrees a second; quick, over 29.
 SLOW, QUICK = 0.1, 0.5
 
 
@@ -50,6 +51,8 @@ def attributes_caption(scores: dict) -> str:
         text += f", the camera pans {scores['camera_pan']}{_pace(scores.get('pan_speed'))}"
     elif scores.get("camera_zoom"):
         text += f", the camera zooms {scores['camera_zoom']}{_pace(scores.get('zoom_speed'))}"
+    elif scores.get("camera_turn"):
+        text += f", the camera turns {scores['camera_turn']}{_pace(scores.get('turn_speed'))}"
     brightness = scores.get("brightness", 128)
     if brightness < 30:
         text += ", dimly lit"

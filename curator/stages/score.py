@@ -21,7 +21,8 @@ CAMERA_MOTION_AREA = 0.3  # above this fraction of the frame off the median, no 
 PAN_CELLS, PAN_AGREE, PAN_CHANGE = 4, 0.5, 1.0
 MIN_PAN_SPEED, MIN_PAN_PX, MIN_PAN_STRAIGHT = 0.02, 2.0, 0.6
 # A zoom (see camera_zoom) grows or shrinks the picture by at least this a second, as the natural
-# log of the factor (3% a second: twice the size in 23 s); and moves its corners MIN_PAN_PX or more.
+# log of the factor (3% a second: twice the size in 23 s), and a turn turns it by at least this many
+# radians a second (1.7 degrees); either moves its corners MIN_PAN_PX or more over the clip.
 MIN_ZOOM_SPEED = 0.03
 # Motion is measured between frames this far apart in time (the nearest whole number of frames, at
 # least one), so that a scene scores the same filmed at 25, 50 or 100 fps: between neighbouring
@@ -91,15 +92,17 @@ def _shifts(fa: np.ndarray, fb: np.ndarray, w: int) -> np.ndarray:
     return np.stack([np.where(dx > w / 2, dx - w, dx), np.where(dy > h / 2, dy - h, dy)], 1).astype(np.float32)
 
 
-def _moved_back(b: np.ndarray, step: np.ndarray, m: int, scale: float = 1.0) -> np.ndarray:
+def _moved_back(b: np.ndarray, step: np.ndarray, m: int, scale: float = 1.0, turn: float = 0.0) -> np.ndarray:
     """Gray frame `b` (h, w) read where a frame before it had its inner [m:h-m, m:w-m] pixels, if the
-    whole picture moved by `step` (dx, dy) pixels and grew `scale` times about the frame's centre:
-    bilinearly, over that inner part."""
+    whole picture moved by `step` (dx, dy) pixels, grew `scale` times and turned by `turn` radians
+    (clockwise on screen) about the frame's centre: bilinearly, over that inner part."""
     h, w = b.shape
     ys, xs = np.mgrid[m:h - m, m:w - m].astype(np.float32)
     cy, cx = (h - 1) / 2, (w - 1) / 2
-    yy = np.clip(cy + (ys - cy) * scale + step[1], 0, h - 1)
-    xx = np.clip(cx + (xs - cx) * scale + step[0], 0, w - 1)
+    u, v = (xs - cx) * scale, (ys - cy) * scale
+    c, s = np.cos(turn), np.sin(turn)
+    yy = np.clip(cy + s * u + c * v + step[1], 0, h - 1)
+    xx = np.clip(cx + c * u - s * v + step[0], 0, w - 1)
     y0, x0 = np.minimum(yy.astype(int), h - 2), np.minimum(xx.astype(int), w - 2)
     fy, fx = yy - y0, xx - x0
     top = b[y0, x0] * (1 - fx) + b[y0, x0 + 1] * fx
@@ -162,22 +165,25 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
     return _direction(-rate, 0.0), speed
 
 
-def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]:
-    """Whether the camera zooms "in" or "out" over a clip's gray analysis frames (T, h, w) shown at
-    `fps`, and how fast: the natural log of how many times the picture grows in a second (0.1: by
-    10% a second; from wide to 10x in 4 s, 0.58). (None, None) where the picture does not grow or
-    shrink as a whole about its centre, or too little (MIN_ZOOM_SPEED, MIN_PAN_PX at its edge).
+def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, str | None, float | None]:
+    """Whether the camera zooms or turns over a clip's gray analysis frames (T, h, w) shown at `fps`:
+    ("zoom", "in" or "out", the natural log of how many times the picture grows in a second: 0.1 is
+    by 10% a second, from wide to 10x in 4 s is 0.58), or ("turn", "clockwise" or "counterclockwise",
+    radians a second), the way the camera turns about its axis, opposite to the picture's way. (None,
+    None, None) where the picture does neither as a whole about its centre, or too little
+    (MIN_ZOOM_SPEED, MIN_PAN_PX at its corners).
 
     Each quarter of a frame is shifted onto the same quarter of a later frame, by phase correlation
     as camera_move does for the whole frame: a zoom moves the quarters apart (in) or together
-    (out), where a pan moves them alike and a turn of the camera moves them round. The growth is
-    fitted to the four shifts beside a move and a turn, between frames chosen as camera_move
-    chooses them, and counts where the picture grown so explains the change of at least PAN_AGREE
-    of the cells, as a pan must, and where it outweighs the turn."""
+    (out), where a pan moves them alike and a turn of the camera moves them round. A move, a growth
+    and a turn are fitted to the four shifts, between frames chosen as camera_move chooses them;
+    the larger of the growth and the turn counts where it goes one way over the clip, and where the
+    picture moved, grown and turned so explains the change of at least PAN_AGREE of the cells, as a
+    pan must."""
     t, h, w = gray.shape
     hh, hw = h // 2, w // 2
     if t < 2 or min(hh, hw) < 2 * PAN_CELLS:
-        return None, None
+        return None, None, None
     window = np.outer(np.hanning(hh), np.hanning(hw))
     cx, cy = (w - hw) / 2, (h - hh) / 2
     centres = np.array([[-cx, -cy], [cx, -cy], [-cx, cy], [cx, cy]], np.float32)  # (4, 2): the quarters', from its
@@ -207,16 +213,18 @@ def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
         gap = further
     growth, turn, move = fit(gap)
     g, r = float(np.median(growth)), float(np.median(turn))
-    if abs(growth.sum()) < MIN_PAN_STRAIGHT * np.abs(growth).sum() or abs(g) <= abs(r):
-        return None, None  # in here, out there (a subject coming and going), or a turn more than a zoom
-    speed = abs(np.log1p(g)) / gap * fps
-    edge = np.hypot(w, h) / 2
-    m = int(np.ceil(abs(g) * edge + np.abs(np.median(move, axis=0)).max())) + 1
-    if speed < MIN_ZOOM_SPEED or speed / fps * (t - 1) * edge < MIN_PAN_PX or m > min(h, w) / 4:
-        return None, None
-    if not _explains(gray, _starts(t, gap), gap, m, np.median(move, axis=0), 1 + g):
-        return None, None
-    return ("in" if g > 0 else "out"), round(speed, 3)
+    kind, way, it = ("zoom", "in" if g > 0 else "out", growth) if abs(g) > abs(r) else \
+        ("turn", "clockwise" if r < 0 else "counterclockwise", turn)
+    if abs(it.sum()) < MIN_PAN_STRAIGHT * np.abs(it).sum():
+        return None, None, None  # one way here, the other there: a subject coming and going, a wobble
+    speed = (abs(np.log1p(g)) if kind == "zoom" else abs(r)) / gap * fps
+    corner = np.hypot(w, h) / 2
+    m = int(np.ceil((abs(g) + abs(r)) * corner + np.abs(np.median(move, axis=0)).max())) + 1
+    if speed < MIN_ZOOM_SPEED or speed / fps * (t - 1) * corner < MIN_PAN_PX or m > min(h, w) / 4:
+        return None, None, None
+    if not _explains(gray, _starts(t, gap), gap, m, np.median(move, axis=0), 1 + g, r):
+        return None, None, None
+    return kind, way, round(speed, 3)
 
 
 def _starts(t: int, gap: int, n: int = 16) -> np.ndarray:
@@ -224,8 +232,9 @@ def _starts(t: int, gap: int, n: int = 16) -> np.ndarray:
     return np.unique(np.linspace(0, t - 1 - gap, min(n, t - gap)).round().astype(int))
 
 
-def _explains(gray: np.ndarray, pairs: np.ndarray, gap: int, m: int, step: np.ndarray, scale: float = 1.0) -> bool:
-    """Whether the whole picture moving by `step` and growing `scale` times (see _moved_back) from
+def _explains(gray: np.ndarray, pairs: np.ndarray, gap: int, m: int, step: np.ndarray, scale: float = 1.0,
+              turn: float = 0.0) -> bool:
+    """Whether the whole picture moving by `step`, growing `scale` times and turning (see _moved_back) from
     each frame in `pairs` to the frame `gap` on explains the change of at least PAN_AGREE of the
     cells, over the pairs: a cell that changes (PAN_CHANGE), and whose difference to the earlier
     frame, read through the move, is under 0.6 of the plain one."""
@@ -233,7 +242,7 @@ def _explains(gray: np.ndarray, pairs: np.ndarray, gap: int, m: int, step: np.nd
     agree = 0  # cells, summed over the pairs
     for a in pairs:
         before, after = gray[a][m:h - m, m:w - m], gray[a + gap][m:h - m, m:w - m]
-        explained = _cells(np.abs(_moved_back(gray[a + gap], step, m, scale) - before))
+        explained = _cells(np.abs(_moved_back(gray[a + gap], step, m, scale, turn) - before))
         plain = _cells(np.abs(after - before))
         agree += int(((plain >= PAN_CHANGE) & (explained < 0.6 * plain)).sum())
     return agree >= PAN_AGREE * PAN_CELLS ** 2 * len(pairs)
@@ -300,8 +309,10 @@ def measure(small: np.ndarray, fps: float) -> dict:
     fg_frac = float(fg.mean())
     fg_colour, fg_direction, fg_speed = None, None, None
     pan_direction, pan_speed = camera_move(gray, fps)
-    zoom_way, zoom_speed = camera_zoom(gray, fps) if pan_direction is None else (None, None)
-    if pan_direction is None and zoom_way is None and CAMERA_MOTION_AREA >= fg_frac > 0.002:
+    kind, way, speed = camera_zoom(gray, fps) if pan_direction is None else (None, None, None)
+    zoom_way, zoom_speed = (way, speed) if kind == "zoom" else (None, None)
+    turn_way, turn_speed = (way, speed) if kind == "turn" else (None, None)
+    if pan_direction is None and kind is None and CAMERA_MOTION_AREA >= fg_frac > 0.002:
         fg_colour = colour_name(np.median(f[fg], axis=0))
         ys, xs = np.mgrid[0:h, 0:w]
         cents = [(i, xs[m].mean(), ys[m].mean()) for i, m in enumerate(fg) if m.sum() >= 3]
@@ -327,6 +338,8 @@ def measure(small: np.ndarray, fps: float) -> dict:
         "pan_speed": pan_speed,  # the same, of the scene as the camera pans
         "camera_zoom": zoom_way,  # "in" or "out", where the camera does not pan
         "zoom_speed": zoom_speed,  # the natural log of how many times the picture grows in a second
+        "camera_turn": turn_way,  # "clockwise" or "counterclockwise", where it neither pans nor zooms
+        "turn_speed": turn_speed,  # radians a second
         "phash": [format(phash(gray[i]), "016x") for i in picks],
         "colour_grid": [colour_grid(small[i]) for i in picks],
     }
@@ -449,8 +462,9 @@ def filter_reason(scores: dict, duration: float, width: int, height: int, clips_
         return f"too_dark: brightness {scores['brightness']:.1f} < filters.min_brightness={cfg.min_brightness}"
     if scores["brightness"] > cfg.max_brightness:
         return f"too_bright: brightness {scores['brightness']:.1f} > filters.max_brightness={cfg.max_brightness}"
-    # A slow pan or zoom changes few pixels between frames 1/25 s apart, but the camera moves: no still shot.
-    if scores["motion_area"] < cfg.min_motion_area and not (scores.get("camera_pan") or scores.get("camera_zoom")):
+    # A slow pan, zoom or turn changes few pixels between frames 1/25 s apart, but the camera moves: no still shot.
+    camera_moves = scores.get("camera_pan") or scores.get("camera_zoom") or scores.get("camera_turn")
+    if scores["motion_area"] < cfg.min_motion_area and not camera_moves:
         return f"static: motion_area {scores['motion_area']:.4f} < filters.min_motion_area={cfg.min_motion_area}"
     if scores.get("coherence", 1.0) < cfg.min_coherence:
         return f"noise: coherence {scores['coherence']:.2f} < filters.min_coherence={cfg.min_coherence}"
