@@ -187,6 +187,12 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
     """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for errors of decoder
     `codec`, if given."""
     held: list[av.VideoFrame] = []  # B-frames not yet shown: the frame they are predicted from may be damaged
+
+    def shown(damaged: bool) -> Iterator[tuple[av.VideoFrame, bool]]:  # the held B-frames, damaged or not
+        damage.damaged_frames += damaged * len(held)
+        yield from ((b, damaged) for b in held)
+        held.clear()
+
     for packet in packets(container, stream):
         if logs:
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
@@ -199,10 +205,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
             if packet.is_keyframe and damage.key_at is None:
                 damage.key_at = damage.bad_run
             damage.since_key = True
-            for b in held:  # shown before the frame they are predicted from, which may be this one
-                damage.damaged_frames += 1
-                yield b, True
-            held.clear()
+            yield from shown(True)  # shown before the frame they are predicted from, which may be this one
             # A run is given up only a while after a key frame failed too: a stream cut from the
             # middle of a long group of pictures (a recording started part-way) is rejected packet
             # after packet until its next key frame brings the parameter sets the decoder lacks.
@@ -221,14 +224,10 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                 continue
             # B-frames shown before this frame are predicted from it too (it was decoded first):
             # where it is damaged, so are they.
-            for b in held:
-                damage.damaged_frames += damage.since_key
-                yield b, damage.since_key
-            held.clear()
+            yield from shown(damage.since_key)
             damage.damaged_frames += damage.since_key
             yield frame, damage.since_key
-    for b in held:
-        yield b, False
+    yield from shown(False)
 
 
 def stated_duration(container, stream) -> float:

@@ -34,10 +34,11 @@ FLASH_RATIO = 0.6
 # made fast motion stand out as cuts. Repeats measured 0.0 to 0.1 there.
 REPEAT_SCORE = 0.5
 # A frame whose change is under this share of the largest change of a frame near it (within `near`
-# frames on its own side, the frame being decided left out) holds the picture before it too, in noise: a drawing
-# held for 3 frames of a film scan, or filmed off a screen, changes by its grain alone (1 to 2
-# levels, where a frame that moves changes by 5 to 20). Counted as neighbours, such frames made
-# each moving frame stand out as a cut: 6 in bikes.mp4 on threes under grain of 8 levels, 10 under 20.
+# frames on its own side, the frame being decided left out) holds the picture before it too, in
+# noise: a drawing held for 3 frames of a film scan, or filmed off a screen, changes by its grain
+# alone (1 to 2 levels, where a frame that moves changes by 5 to 20). Counted as neighbours, such
+# frames made each moving frame stand out as a cut: 6 in bikes.mp4 on threes under grain of 8
+# levels, 10 under 20.
 HOLD_SHARE = 0.25
 # Past `near` frames, a frame's neighbours that move are looked for over exact repeats alone, where
 # each picture is shown for up to this many frames: a 5 fps camera's recording in a 30 fps file, or a
@@ -202,16 +203,16 @@ class AdaptiveDetector:
         """The ratio a change at frame i needs: `rate_threshold` (`threshold` at 24 fps and above,
         less below; see FULL_RATE_FPS), or where its neighbours that move lie some frames apart
         (`sides`, its neighbours before and after it; pictures held, see _holds), the ratio at the
-        rate the pictures change. Next to the
-        stream's first frame (which has no score) and, once the stream has ended (flush), its last,
-        a side has fewer than `window` neighbours, and those left are the ones most like the cut's
-        own frame: beside a cut out of or into fast motion, only the moving shot's frames. There the
-        ratio needed goes down towards 1 with the share of neighbours missing: a source cut from a
-        longer one a frame off a cut (clips split by another tool) began or ended a clip with
-        another shot's frame, whose change was 2.1 to 2.6 times its neighbours' mean. Wrong there, a
-        boundary costs a clip a frame or two at the stream's edge. Not for a change that is all
-        brightness, though (the score less the change of mean luma under `min_content`): a camera's
-        exposure settling in its first frames, which its neighbours cannot tell from a cut."""
+        rate the pictures change. Next to the stream's first frame (which has no score) and, once
+        the stream has ended (flush), its last, a side has fewer than `window` neighbours, and those
+        left are the ones most like the cut's own frame: beside a cut out of or into fast motion,
+        only the moving shot's frames. There the ratio needed goes down towards 1 with the share of
+        neighbours missing: a source cut from a longer one a frame off a cut (clips split by another
+        tool) began or ended a clip with another shot's frame, whose change was 2.1 to 2.6 times its
+        neighbours' mean. Wrong there, a boundary costs a clip a frame or two at the stream's edge.
+        Not for a change that is all brightness, though (the score less the change of mean luma
+        under `min_content`): a camera's exposure settling in its first frames, which its neighbours
+        cannot tell from a cut."""
         present = min(i - 1, self.window) + min(len(self.scores) - 1 - i, self.window)
         if present >= 2 * self.window:
             # Pictures held for some frames (a cartoon on threes) change at a lower rate than the stream:

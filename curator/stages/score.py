@@ -72,12 +72,15 @@ def phash(gray: np.ndarray) -> int:
     return int(sum(1 << k for k, b in enumerate(bits) if b))
 
 
-def _shifts(fa: np.ndarray, fb: np.ndarray, w: int) -> np.ndarray:
-    """(n, 2): the (dx, dy) that moves each of n gray frames `w` wide onto another, given their
-    spectra `fa` and `fb` (np.fft.rfft2, see camera_move), to a fraction of a pixel: phase
-    correlation, its peak refined by a parabola each way."""
-    r = fb * np.conj(fa)  # (n, h, w // 2 + 1): the spectra of real frames, half of each
-    n, h = r.shape[:2]
+def _shifts(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """(n, 2): the (dx, dy) that moves each of n gray views `a` (n, h, w) onto the same of `b`, to a
+    fraction of a pixel: phase correlation of the views under `window` (a Hann window: the views'
+    edges, which do not move with the picture, would pull the peak to no shift), its peak refined
+    by a parabola each way."""
+    n, h, w = a.shape
+    views = np.concatenate([a, b])  # (2n, h, w)
+    spectra = np.fft.rfft2((views - views.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
+    r = spectra[n:] * np.conj(spectra[:n])  # (n, h, w // 2 + 1): the spectra of real views, half of each
     corr = np.fft.irfft2(r / np.maximum(np.abs(r), 1e-6), s=(h, w), axes=(1, 2))  # (n, h, w)
     py, px = np.divmod(corr.reshape(n, -1).argmax(1), w)  # (n,) each
     each = np.arange(n)
@@ -133,24 +136,13 @@ def camera_move(gray: np.ndarray, fps: float) -> tuple[str | None, float | None]
     t, h, w = gray.shape
     if t < 2 or min(h, w) < 4 * PAN_CELLS:
         return None, None
-    # The frames' spectra under a Hann window: the frame's edges, which do not move with the
-    # picture, would pull the correlation's peak to no shift.
     window = np.outer(np.hanning(h), np.hanning(w))
 
     def shifts(gap: int, n: int = 16) -> np.ndarray:  # (n, 2)
         first = _starts(t, gap, n)
-        frames = gray[np.concatenate([first, first + gap])]  # (2n, h, w)
-        spectra = np.fft.rfft2((frames - frames.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
-        return _shifts(spectra[:len(first)], spectra[len(first):], w)
+        return _shifts(gray[first], gray[first + gap], window)
 
-    # Frames 0.1 s apart first, which even a quick pan leaves in view; then twice as far apart
-    # while the shift stays under a sixth of the frame, so that a slow pan moves some pixels.
-    gap = max(1, min(t - 1, round(fps / 10)))
-    while gap < t - 1:
-        further = min(t - 1, 2 * gap)
-        if np.abs(shifts(gap, 4).mean(0)).max() * further / gap > min(w, h) / 6:
-            break
-        gap = further
+    gap = _gap(t, fps, lambda gap: np.abs(shifts(gap, 4).mean(0)).max(), min(w, h) / 6)  # under a sixth of the frame
     steps = shifts(gap)
     rate = np.median(steps, axis=0) / gap  # (dx, dy) pixels a frame; a car passing close by is an outlier
     axis = int(np.argmax(np.abs(rate) / (w, h)))
@@ -190,27 +182,22 @@ def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, str | None, f
     turned = centres[:, ::-1] * np.array([-1, 1], np.float32)  # (4, 2): the way each goes as the picture turns
     norm = float((centres ** 2).sum())
 
+    def quarters(frames: np.ndarray) -> np.ndarray:  # (n, h, w) -> (n * 4, hh, hw)
+        return np.stack([frames[:, :hh, :hw], frames[:, :hh, w - hw:], frames[:, h - hh:, :hw],
+                         frames[:, h - hh:, w - hw:]], 1).reshape(-1, hh, hw)
+
     def fit(gap: int, n: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # growth (n,), turn (n,), move (n, 2)
         first = _starts(t, gap, n)
-        frames = gray[np.concatenate([first, first + gap])]  # (2n, h, w)
-        quarters = np.stack([frames[:, :hh, :hw], frames[:, :hh, w - hw:], frames[:, h - hh:, :hw],
-                             frames[:, h - hh:, w - hw:]], 1).reshape(-1, hh, hw)  # (2n * 4, hh, hw)
-        spectra = np.fft.rfft2((quarters - quarters.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
-        half = len(spectra) // 2
-        shifts = _shifts(spectra[:half], spectra[half:], hw).reshape(-1, 4, 2)  # (n, 4, 2)
+        shifts = _shifts(quarters(gray[first]), quarters(gray[first + gap]), window).reshape(-1, 4, 2)  # (n, 4, 2)
         move = shifts.mean(1)
         rest = shifts - move[:, None]
         return (rest * centres).sum((1, 2)) / norm, (rest * turned).sum((1, 2)) / norm, move
 
-    # Frames 0.1 s apart first; then twice as far apart while the quarters move less than a sixth
-    # of a quarter, so that a slow zoom moves them some pixels.
-    gap = max(1, min(t - 1, round(fps / 10)))
-    while gap < t - 1:
-        further = min(t - 1, 2 * gap)
+    def moved(gap: int) -> float:  # how far the quarters move round or apart, over a few pairs
         growth, turn, _ = fit(gap, 4)
-        if (abs(np.median(growth)) + abs(np.median(turn))) * np.hypot(cx, cy) * further / gap > min(hh, hw) / 6:
-            break
-        gap = further
+        return (abs(np.median(growth)) + abs(np.median(turn))) * np.hypot(cx, cy)
+
+    gap = _gap(t, fps, moved, min(hh, hw) / 6)  # the quarters move less than a sixth of a quarter
     growth, turn, move = fit(gap)
     g, r = float(np.median(growth)), float(np.median(turn))
     kind, way, it = ("zoom", "in" if g > 0 else "out", growth) if abs(g) > abs(r) else \
@@ -225,6 +212,19 @@ def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, str | None, f
     if not _explains(gray, _starts(t, gap), gap, m, np.median(move, axis=0), 1 + g, r):
         return None, None, None
     return kind, way, round(speed, 3)
+
+
+def _gap(t: int, fps: float, moved, most: float) -> int:
+    """Frames between the frames compared over a clip of t frames at `fps`: 0.1 s first, which even
+    a quick move leaves in view; then twice as far apart while the move, `moved(gap)` pixels grown in
+    proportion, stays under `most`, so that a slow move moves some pixels."""
+    gap = max(1, min(t - 1, round(fps / 10)))
+    while gap < t - 1:
+        further = min(t - 1, 2 * gap)
+        if moved(gap) * further / gap > most:
+            break
+        gap = further
+    return gap
 
 
 def _starts(t: int, gap: int, n: int = 16) -> np.ndarray:
