@@ -511,7 +511,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
                     warnings.append(f"frame size changed from {size[0]}x{size[1]} to "
                                     f"{frame.stored_size[0]}x{frame.stored_size[1]} at frame {frame.index}")
                 size = frame.stored_size
-            for b in detector.push(frame.small):
+            for b in detector.push(frame.small, frame.damaged):
                 splitter.boundary(b, splitter.trim, b in detector.dark_boundaries, b in detector.transition_starts)
             splitter.push(frame, frame.index - lookahead)
     except media.TruncatedStream as e:

@@ -245,7 +245,7 @@ class GivenBoundaries:
         self.transition_starts = {a for a, _ in spans}
         self._index = -1
 
-    def push(self, small: np.ndarray) -> list[int]:
+    def push(self, small: np.ndarray, damaged: bool = False) -> list[int]:  # the detection pass saw the frames
         self._index += 1
         if self.pending and self.pending[0] == self._index:
             return [self.pending.pop(0)]
