@@ -445,6 +445,7 @@ class DecodedFrame:
     stretched: bool = False  # of another shape than the stream's first frame, so stretched to fit
     damaged: bool = False  # decoded from a corrupt stretch of the file (see decoded_frames)
     luma: np.ndarray | None = None  # (H, W) uint8 for a quality score, on sampled frames only (see decode)
+    pixel_aspect: Fraction = Fraction(1)  # of the stored pixels, width over height, as the stream says here
 
 
 def _planes(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -524,34 +525,44 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
         stream.codec_context.thread_count = threads
         if fast:
             stream.codec_context.options = {"skip_loop_filter": "all"}
-        first_aspect = None  # a stream can change size part-way (a recording across a switch)
-        own_sizes: dict[tuple[int, int], tuple[int, int]] = {}  # stored size -> its transcode size, before rotation
+        # A stream can change shape part-way (a recording across a switch): its stored size, or
+        # its pixel aspect alone (a broadcast switching between 4:3 and 16:9 in one 720x576 frame).
+        first_aspect = None  # the first frame's shown width over height
+        own_sizes: dict[tuple, tuple[int, int]] = {}  # shape -> its transcode size, before rotation
 
-        def sizes(stored: tuple[int, int]) -> tuple[tuple[int, int], bool]:
-            """(the transcode size before rotation, stretched) of frames decoded at `stored`."""
+        def sizes(shape: tuple[int, int, Fraction]) -> tuple[tuple[int, int], bool]:
+            """(the transcode size before rotation, stretched) of frames decoded in `shape`: (stored
+            width, height, pixel aspect)."""
             nonlocal first_aspect
-            first_aspect = first_aspect or stored[0] / stored[1]
-            stretched = abs(stored[0] / stored[1] / first_aspect - 1) > 0.02
+            w, h, sar = shape
+            first_aspect = first_aspect or w * sar / h
+            stretched = abs(w * sar / h / first_aspect - 1) > 0.02
             if not stretched or not short_side or out_size is None:
                 return (pre(out_size) if out_size is not None else (0, 0)), stretched
-            if stored not in own_sizes:
-                # The new shape's pixel aspect: the decoder has read the parameter sets that came
-                # with it by the time it gives out its first frame.
-                sar = stream.codec_context.sample_aspect_ratio
-                sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
-                own_sizes[stored] = even_size(max(1, round(stored[0] * sar)), stored[1], short_side)
-            return own_sizes[stored], False
+            if shape not in own_sizes:
+                own_sizes[shape] = even_size(max(1, round(w * sar)), h, short_side)
+            return own_sizes[shape], False
 
-        frames = ((frame, damaged, (frame.width, frame.height))
-                  for frame, damaged in decoded_frames(container, stream, damage or Damage()))
+        def shaped(frames: Iterator[tuple[av.VideoFrame, bool]]) -> Iterator[tuple[av.VideoFrame, bool, tuple]]:
+            """(frame, damaged, shape). PyAV gives no frame's own pixel aspect, only the decoder's,
+            which the parameter sets of the packets decoded so far set: with B-frames, frames before
+            it in time. It is read at each key frame, where new parameter sets take effect."""
+            sar = None
+            for frame, damaged in frames:
+                if sar is None or frame.key_frame:
+                    sar = stream.codec_context.sample_aspect_ratio
+                    sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
+                yield frame, damaged, (frame.width, frame.height, sar)
+
+        frames = shaped(decoded_frames(container, stream, damage or Damage()))
         if out_size is not None and (probe_.interlaced or probe_.hdr or probe_.wide_gamut):  # see _filters
-            frames = _filtered(frames, stream, lambda stored: _filters(probe_, *sizes(stored)[0], stored[1]))
+            frames = _filtered(frames, stream, lambda shape: _filters(probe_, *sizes(shape)[0], shape[1]))
         # The source's start: the container's earliest timestamp, over all streams.
         origin = container.start_time / av.time_base if container.start_time is not None else None
         index = 0
         try:
-            for frame, damaged, stored in frames:
-                (ow, oh), stretched = sizes(stored)
+            for frame, damaged, shape in frames:
+                (ow, oh), stretched = sizes(shape)
                 out, luma = None, None
                 if quality_every and index % quality_every == 0:
                     k = min(1.0, quality_short_side / min(frame.width, frame.height))
@@ -576,7 +587,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     time_s = max(0.0, float(frame.time) - origin)  # not -3e-7 from rounding
                 # For the sandbox's timeout, which is on time without progress, and the run's log.
                 progress((index + 1, probe_.num_frames))  # (frames decoded, of the header's count or 0)
-                yield DecodedFrame(index, small, out, time_s, stored, stretched, damaged, luma)
+                yield DecodedFrame(index, small, out, time_s, shape[:2], stretched, damaged, luma, shape[2])
                 index += 1
         except av.FFmpegError as e:
             if index == 0:
@@ -611,34 +622,34 @@ def _filters(probe_: Probe, out_width: int, out_height: int, stored_lines: int) 
     return specs
 
 
-def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]], stream,
-              specs_for) -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
-    """(frame, damaged, stored size) through a chain of FFmpeg filters, `specs_for(stored size)`
-    ((name, arguments) each); a frame out is damaged when the frame in at its time was. A filter
-    graph is set up for one frame size and format: where the stream changes either (a broadcast
-    switching between SD and HD), the graph is drained and set up again for the new frames."""
+def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple]], stream,
+              specs_for) -> Iterator[tuple[av.VideoFrame, bool, tuple]]:
+    """(frame, damaged, shape) through a chain of FFmpeg filters, `specs_for(shape)` ((name,
+    arguments) each; shape: stored width, height, pixel aspect); a frame out is damaged when the frame
+    in at its time was. A filter graph is set up for one shape and format: where the stream changes
+    either (a broadcast switching between SD and HD), the graph is drained and set up again."""
     damaged_pts: set[int] = set()
     graph, key = None, None
 
-    def ready(graph, stored) -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
+    def ready(graph, shape) -> Iterator[tuple[av.VideoFrame, bool, tuple]]:
         while True:
             try:
                 frame = graph.pull()
             except (av.BlockingIOError, av.EOFError):
                 return
-            yield frame, frame.pts in damaged_pts, stored
+            yield frame, frame.pts in damaged_pts, shape
 
-    def drain() -> Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]]:
+    def drain() -> Iterator[tuple[av.VideoFrame, bool, tuple]]:
         if graph is not None:
             graph.push(None)  # bwdif holds a frame back to look ahead
             yield from ready(graph, key[0])
 
-    for frame, damaged, stored in frames:
-        if (stored, frame.format.name) != key:
+    for frame, damaged, shape in frames:
+        if (shape, frame.format.name) != key:
             yield from drain()
-            graph, key = av.filter.Graph(), (stored, frame.format.name)
+            graph, key = av.filter.Graph(), (shape, frame.format.name)
             # The decoder's context describes the frames it gives out now, of the new shape too.
-            nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs_for(stored)),
+            nodes = [graph.add_buffer(template=stream), *(graph.add(*spec) for spec in specs_for(shape)),
                      graph.add("buffersink")]
             for a, b in itertools.pairwise(nodes):
                 a.link_to(b)
@@ -646,7 +657,7 @@ def _filtered(frames: Iterator[tuple[av.VideoFrame, bool, tuple[int, int]]], str
         if damaged and frame.pts is not None:
             damaged_pts.add(frame.pts)
         graph.push(frame)
-        yield from ready(graph, stored)
+        yield from ready(graph, shape)
     yield from drain()
 
 

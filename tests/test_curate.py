@@ -415,12 +415,13 @@ def test_filters_drop_with_reasons(curated, corpus):
     assert summary["kept"] + summary["dropped"] == summary["clips"]
 
 
-def _two_shapes_joined(folder: Path, **encode_kw) -> Path:
+def _two_shapes_joined(folder: Path, shapes=((96, None), (64, 2)), **encode_kw) -> Path:
     """Two recordings joined end to end, as MPEG-TS segments of one H.264 stream: 48 frames stored
-    96x64, then 48 stored 64x64 with 2:1 pixels (shown 128x64)."""
+    96x64, then 48 stored 64x64 with 2:1 pixels (shown 128x64); or of the `shapes` given, (stored
+    width, pixel aspect or None) each."""
     from fractions import Fraction
 
-    for i, (w, sar) in enumerate(((96, None), (64, Fraction(2)))):
+    for i, (w, sar) in enumerate((w, sar and Fraction(sar)) for w, sar in shapes):
         _encode(folder / f"part{i}.ts", _moving(48, 64, w, 8 + i), pixel_aspect=sar, **encode_kw)
     path = folder / "joined.ts"
     path.write_bytes((folder / "part0.ts").read_bytes() + (folder / "part1.ts").read_bytes())
@@ -497,6 +498,25 @@ def test_an_interlaced_broadcast_switching_shape_keeps_each_shape_at_its_own_siz
         with av.open(io.BytesIO(clip.mp4)) as c:
             assert (c.streams.video[0].width, c.streams.video[0].height) == (clip.width, clip.height)
             assert sum(1 for _ in c.decode(video=0)) == clip.num_frames
+
+
+@pytest.mark.parametrize("interlaced", [False, True])
+def test_a_change_of_pixel_aspect_alone_is_a_change_of_shape(tmp_path, interlaced):
+    """Two recordings joined end to end at the same stored size, 64x64, the second with 2:1 pixels,
+    as a broadcast switches between 4:3 and 16:9 in one 720x576 frame. The second recording came
+    out at the first's 64x64, squeezed to half its width, and nothing said so; now it comes out
+    128x64, the clips part where the pixels change, and the record says where."""
+    path = _two_shapes_joined(tmp_path, shapes=((64, None), (64, 2)), **({"x264_params": "tff=1"} if interlaced else {}))
+    cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32",
+                                  "transcode.short_side=64"])
+    record, clips = process_source(str(path), "joined", cfg)
+    assert record["interlaced"] == interlaced
+    assert record["warning"].startswith("pixel aspect changed from 1:1 to 2:1 at frame 48")
+    # (the second recording's first frame is a cut, after which a frame is trimmed)
+    assert [(c.start_frame, c.width, c.height, c.kept) for c in clips] == [(0, 64, 64, True), (49, 128, 64, True)]
+    for clip in clips:
+        with av.open(io.BytesIO(clip.mp4)) as c:
+            assert (c.streams.video[0].width, c.streams.video[0].height) == (clip.width, clip.height)
 
 
 def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):

@@ -292,6 +292,11 @@ class _Splitter:
         self.clips.append(clip)
 
 
+def _ratio(x) -> str:
+    """A Fraction as width:height ("16:15")."""
+    return f"{x.numerator}:{x.denominator}"
+
+
 def _size(frame: media.DecodedFrame) -> tuple[int, int] | None:
     """(w, h) of a frame's transcode frame, None where it has none."""
     return (frame.frame.width, frame.frame.height) if frame.frame is not None else None
@@ -495,7 +500,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     n = 0
     times: list[float] = []
     warnings = []
-    size = None
+    size, aspect = None, None
     damage = media.Damage()
     t_loop = time.perf_counter()
     try:
@@ -511,6 +516,10 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
                     warnings.append(f"frame size changed from {size[0]}x{size[1]} to "
                                     f"{frame.stored_size[0]}x{frame.stored_size[1]} at frame {frame.index}")
                 size = frame.stored_size
+            elif frame.pixel_aspect != aspect and aspect is not None:
+                warnings.append(f"pixel aspect changed from {_ratio(aspect)} to {_ratio(frame.pixel_aspect)} at "
+                                f"frame {frame.index}")
+            aspect = frame.pixel_aspect
             for b in detector.push(frame.small, frame.damaged):
                 splitter.boundary(b, splitter.trim, b in detector.dark_boundaries, b in detector.transition_starts)
             splitter.push(frame, frame.index - lookahead)
