@@ -506,7 +506,8 @@ def test_a_change_of_pixel_aspect_alone_is_a_change_of_shape(tmp_path, interlace
     as a broadcast switches between 4:3 and 16:9 in one 720x576 frame. The second recording came
     out at the first's 64x64, squeezed to half its width, and nothing said so; now it comes out
     128x64, the clips part where the pixels change, and the record says where."""
-    path = _two_shapes_joined(tmp_path, shapes=((64, None), (64, 2)), **({"x264_params": "tff=1"} if interlaced else {}))
+    encode_kw = {"x264_params": "tff=1"} if interlaced else {}
+    path = _two_shapes_joined(tmp_path, shapes=((64, None), (64, 2)), **encode_kw)
     cfg = conf.compose("curate", ["input=x", "output=y", "clips.min_s=0.5", "filters.min_short_side=32",
                                   "transcode.short_side=64"])
     record, clips = process_source(str(path), "joined", cfg)
