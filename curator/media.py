@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -67,8 +69,69 @@ def _rate(value) -> float:
 def open_input(source) -> av.container.InputContainer:
     """A media file (a path or a file object) opened for reading. Tags that are not UTF-8 (Latin-1
     titles in older AVI and camera files) are read with replacement characters: decoding them
-    strictly failed the whole file over its title."""
-    return av.open(source, metadata_errors="replace")
+    strictly failed the whole file over its title. An animated WebP, whose animation FFmpeg's WebP
+    decoder in PyAV's build does not read, is opened as the video of its frames (webp_video)."""
+    if isinstance(source, (str, os.PathLike)) and is_animated_webp(source):
+        source = webp_video(os.fspath(source))
+    return av.open(source, "r", metadata_errors="replace")
+
+
+def is_animated_webp(path) -> bool:
+    """Whether `path` is a WebP file with an animation: its extended header (VP8X) says so."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(21)
+    except OSError:
+        return False  # not a file to read: av.open says why
+    return len(head) == 21 and head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X" and bool(head[20] & 0x02)
+
+
+WEBP_IN_MEMORY = 64 << 20  # bytes of an animated WebP's video kept in memory; a larger one goes to a temporary file
+WEBP_CODEC = "webp"  # an animated WebP's codec in its record (Probe.codec), not its video's FFV1
+
+
+def webp_video(path: str):
+    """An animated WebP's frames, decoded by Pillow, as a file object holding their lossless video:
+    FFV1 in Matroska, each frame at its own time in milliseconds (a WebP's frames can show for
+    different times), transparent pixels over black. Where a frame cannot be decoded (damaged data),
+    the frames before it are kept, and the video's tag UNREAD counts those lost."""
+    from PIL import Image
+
+    out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
+    try:
+        with Image.open(path) as im, av.open(out, "w", format="matroska") as c:
+            im.load()
+            first_ms = im.info.get("duration") or 100
+            s = c.add_stream("ffv1", rate=Fraction(1000, first_ms))
+            s.width, s.height, s.pix_fmt = *im.size, "bgr0"
+            s.codec_context.time_base = Fraction(1, 1000)
+            n = good = getattr(im, "n_frames", 1)
+            for i in range(n):  # a first pass finds a damaged frame, for the tag in the file's header
+                try:
+                    im.seek(i)
+                    im.load()
+                except (OSError, ValueError, EOFError):
+                    if i == 0:
+                        raise
+                    good = i
+                    c.metadata["UNREAD"] = str(n - i)  # the frames from the damaged one on: Damage.unread
+                    break
+                progress()  # for the sandbox's timeout, which is on time without progress
+            for i in range(good):
+                im.seek(i)
+                im.load()
+                rgba = np.asarray(im.convert("RGBA"), dtype=np.uint16)  # (h, w, 4)
+                rgb = ((rgba[..., :3] * rgba[..., 3:] + 127) // 255).astype(np.uint8)  # over black
+                frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+                frame.pts, frame.time_base = im.info.get("timestamp", 0), Fraction(1, 1000)
+                c.mux(s.encode(frame))
+                progress()
+            c.mux(s.encode())
+    except (OSError, ValueError, av.FFmpegError) as e:
+        out.close()
+        raise MediaError(f"cannot read animated WebP: {e}") from e
+    out.seek(0)
+    return out
 
 
 def video_stream(container) -> av.VideoStream | None:
@@ -107,6 +170,7 @@ class Damage:
         self.bad_run = 0
         self.key_at: int | None = None  # the place in this run of its first rejected key frame
         self.since_key = False  # a frame was lost or concealed since the last intra frame
+        self.unread = 0  # an animated WebP's frames from a damaged one on, which Pillow could not decode
 
     def summary(self) -> str | None:
         parts = []
@@ -114,6 +178,8 @@ class Damage:
             parts.append(f"{self.skipped_packets} packets could not be decoded and were skipped")
         if self.damaged_frames:
             parts.append(f"{self.damaged_frames} frames came out damaged")
+        if self.unread:
+            parts.append(f"its last {self.unread} frames could not be decoded and were left out")
         return f"damaged stream: {', '.join(parts)}" if parts else None
 
 
@@ -306,7 +372,7 @@ def probe(path: str) -> Probe:
                 height=height,
                 duration_s=duration,
                 rotation=rotation,
-                codec=ctx.name,
+                codec=WEBP_CODEC if ctx.name == "ffv1" and is_animated_webp(path) else ctx.name,
                 vfr=vfr,
                 filmed_fps=filmed_rate(gaps, fps, nominal) if vfr else fps,
                 pixel_aspect=round(float(aspect), 4),
@@ -516,6 +582,8 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
     with open_input(path) as container:
         stream = video_stream(container)
+        if damage is not None:
+            damage.unread = int(container.metadata.get("UNREAD", 0))  # an animated WebP's (webp_video)
         if threads != 1:
             stream.thread_type = "AUTO"
         # One thread where asked, not PyAV's default of slice threads, as many as the cores: those

@@ -1224,6 +1224,63 @@ def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes,
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
+def _animated_webp(path: Path, frames, durations_ms) -> None:
+    """An animated WebP, as Pillow writes one, each frame shown for its own time."""
+    from PIL import Image
+
+    images = [Image.fromarray(np.ascontiguousarray(a)).resize((320, 136)) for a in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=list(durations_ms), quality=80, loop=0)
+
+
+def _webp_frames_at(data: bytes) -> list[int]:
+    """Where each frame's chunk (ANMF) of a WebP file starts."""
+    at, found = 12, []
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at + 4:at + 8], "little")
+        if data[at:at + 4] == b"ANMF":
+            found.append(at)
+        at += 8 + size + size % 2
+    return found
+
+
+def test_an_animated_webp_is_curated_as_a_video(bikes, tmp_path):
+    """FFmpeg's WebP decoder in PyAV's build reads no animation: an animated WebP (the web's
+    replacement for the animated GIF) got the error record "no decodable video frame". Pillow now
+    decodes its frames into a lossless video that is curated as any other, each frame at its own
+    time. A damaged frame keeps the frames before it, and the record says how many were lost; a
+    file cut short, which Pillow cannot open, gets a clear error."""
+    frames = list(bikes_frames(bikes))[:100]  # cuts at 30 and 76
+    _animated_webp(tmp_path / "anim.webp", frames, [40] * 100)
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    record, clips = process_source(str(tmp_path / "anim.webp"), "anim", cfg)
+    assert record["status"] == "ok" and record["codec"] == "webp" and record["warning"] is None
+    assert record["fps"] == 25 and record["duration_s"] == 4.0 and (record["width"], record["height"]) == (320, 136)
+    assert record["shots"] == [[0, 30], [30, 76], [76, 100]] and [c.kept for c in clips] == [True] * 3
+    with av.open(io.BytesIO(clips[1].mp4)) as c:
+        assert c.streams.video[0].average_rate == 25 and c.streams.video[0].frames == 44  # 31 to 75
+
+    # Shown at 40 ms a frame for 2 s, then at 80 ms: its second clip, frames 31 to 74, lasts 19 x 40 ms
+    # and 25 x 80 ms, and comes out at 25 fps for as long, 69 frames, played at the speed it was made.
+    _animated_webp(tmp_path / "uneven.webp", frames[:75], [40] * 50 + [80] * 25)
+    record, clips = process_source(str(tmp_path / "uneven.webp"), "uneven", cfg)
+    assert record["status"] == "ok" and record["shots"] == [[0, 30], [30, 75]]
+    with av.open(io.BytesIO(clips[1].mp4)) as c:
+        s = c.streams.video[0]
+        assert s.frames == 69 and float(s.duration * s.time_base) == pytest.approx(2.76)
+
+    data = bytearray((tmp_path / "anim.webp").read_bytes())
+    at = _webp_frames_at(bytes(data))[50]
+    data[at + 42:at + 58] = random.Random(0).randbytes(16)  # over its VP8 frame's first header bytes past its size
+    (tmp_path / "damaged.webp").write_bytes(bytes(data))
+    record, clips = process_source(str(tmp_path / "damaged.webp"), "damaged", cfg)
+    assert record["status"] == "ok" and record["num_frames"] == 50 and record["shots"] == [[0, 30], [30, 50]]
+    assert record["warning"] == "damaged stream: its last 50 frames could not be decoded and were left out"
+
+    (tmp_path / "cut.webp").write_bytes(bytes(data[:len(data) // 2]))
+    record, clips = process_source(str(tmp_path / "cut.webp"), "cut", cfg)
+    assert record["status"] == "error" and record["error"].startswith("cannot read animated WebP") and not clips
+
+
 def test_a_raw_dv_file_is_curated_at_its_frame_rate_not_its_header_s_time_base(bikes, tmp_path):
     """A raw DV file (.dv, as a camcorder's tape is captured): FFmpeg's header of it states a mean
     rate of 60000 frames a second, its time base. The source was taken for 60000 fps and each clip
