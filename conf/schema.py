@@ -46,6 +46,9 @@ class AdaptiveDetectorConfig:
     # A change of picture that comes back within this long (a camera flash, lightning, a white
     # frame: 3 frames at 25 fps) starts no shot, however much it stands out; 0 takes them as cuts.
     flash_s: float = 0.12
+    # Dissolves (cross-fades) of 0.24 to 1.3 s become a shot of their own, whose clips are dropped as
+    # `transition` (detect.DISSOLVE_*); false leaves them inside a shot's clip, as a cut-only detector does.
+    dissolves: bool = True
 
 
 @dataclass

@@ -1739,6 +1739,41 @@ def test_transnetv2_decodes_the_frames_the_transcode_pass_cuts_also_in_a_damaged
     assert f"the detection pass decoded {counts[2]} frames and this pass {counts[1]}" in record["warning"]
 
 
+def _dissolved(bikes, path: Path, a: tuple[int, int], b: tuple[int, int], blend: int) -> tuple[int, int]:
+    """bikes.mp4's shot `a` (its frames [start, end)) then its shot `b`, a frame off each cut, joined
+    by a dissolve of `blend` frames as an editor makes one: the end of `a` mixed with the start of
+    `b`, both moving on. Returns the blended frames as [start, end)."""
+    frames = bikes_frames(bikes)
+    first, second = frames[a[0] + 1:a[1] - 1], frames[b[0] + 1:b[1] - 1]
+    start = len(first) - blend
+    mixed = [((1 - w) * first[start + k].astype(np.float32) + w * second[k]).round().astype(np.uint8)
+             for k, w in enumerate(np.arange(1, blend + 1) / (blend + 1))]
+    _encode(path, [*first[:start], *mixed, *second[blend:]], fps=25)
+    return start, start + blend
+
+
+@pytest.mark.parametrize("a, b, blend", [((76, 137), (137, 187), 16), ((187, 242), (137, 187), 24),
+                                         ((187, 242), (0, 30), 6)])
+def test_the_default_detector_takes_a_dissolve_for_a_transition(bikes, tmp_path, a, b, blend):
+    """Two of bikes.mp4's shots joined by a dissolve of 6 to 24 frames (a quarter to a whole
+    second): the cut-only detector saw no cut, and the shots' clip ran through the blend, two
+    pictures on top of each other. Now the blended frames are a shot of their own whose clip is
+    dropped as `transition`, and no kept clip shows one; `detector.dissolves=false` runs the clip
+    through them, as before. (bikes.mp4 itself, with its cuts alone, has no transition: see the
+    test of its shots.)"""
+    blend_start, blend_end = _dissolved(bikes, tmp_path / "dissolve.mp4", a, b, blend)
+    record, clips = process_source(str(tmp_path / "dissolve.mp4"), "dissolve", _cfg(tmp_path, tmp_path / "out"))
+    assert record["scene_cuts"] == []
+    (first, second, third) = record["shots"]
+    assert second[0] <= blend_start < blend_end <= second[1] <= blend_end + 20, (record["shots"], blend_start)
+    assert [c.reason.split(":")[0] for c in clips if c.start_frame >= second[0] and c.end_frame <= second[1]] == \
+        ["transition"]
+    assert all(c.end_frame <= blend_start or c.start_frame >= blend_end for c in clips if c.kept)
+    record, clips = process_source(str(tmp_path / "dissolve.mp4"), "dissolve",
+                                   _cfg(tmp_path, tmp_path / "out", "detector.dissolves=false"))
+    assert len(record["shots"]) == 1 and not any((c.reason or "").startswith("transition") for c in clips)
+
+
 def test_given_transitions_are_shots_of_their_own_at_the_start_middle_and_end(bikes, tmp_path):
     """The transcode pass over an earlier pass's cuts and transitions (as TransNetV2 gives them):
     a transition from the first frame, one with a cut inside it, and one to the last frame are each
