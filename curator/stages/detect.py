@@ -432,9 +432,14 @@ class AdaptiveDetector:
         if not inside:
             return
         first, end = max(0, inside[0] - 1), inside[-1] + 2
-        self.dissolves.append([first, end])
-        self.transition_starts.add(first)
-        self._out += [first, end]
+        if self.dissolves and first <= self.dissolves[-1][1]:  # the one before runs into it: one transition
+            self.dissolves[-1][1] = max(self.dissolves[-1][1], end)
+        else:
+            self.dissolves.append([first, end])
+            self.transition_starts.add(first)
+        self._out += [end]  # (a boundary inside a dissolve does not go out; see _release)
+        if self.dissolves[-1][0] == first:
+            self._out.append(first)
 
     def _pass_over(self, i: int, f: np.ndarray, box: tuple[slice, slice]) -> None:
         """Frame i follows a short run of damaged frames (see MAX_PASSED), none decided yet: they
@@ -508,7 +513,7 @@ def build_detector(cfg, fps: float, steady_fps: float | None = None):
 
 def detect_file(path: str, cfg, threads: int = 0) -> dict:
     """Detection alone, one decoding pass without deblocking (analysis frames only): shot
-    boundaries, scene cuts and the presentation time of each cut."""
+    boundaries, scene cuts and the presentation time of each cut, and dissolves ([start, end) each)."""
     from curator import media
 
     p = media.probe(path)
@@ -523,7 +528,8 @@ def detect_file(path: str, cfg, threads: int = 0) -> dict:
     cuts = getattr(detector, "scene_cuts", boundaries)
     return {"source": path, "fps": p.fps, "num_frames": len(times), "vfr": p.vfr,
             "boundaries": boundaries, "scene_cuts": cuts,
-            "scene_cuts_s": [times[c] if c < len(times) else None for c in cuts]}
+            "scene_cuts_s": [times[c] if c < len(times) else None for c in cuts],
+            "dissolves": getattr(detector, "dissolves", [])}
 
 
 def main(argv: list[str] | None = None) -> None:
