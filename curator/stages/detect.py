@@ -71,8 +71,9 @@ MAX_PASSED = 3
 # A dissolve (a cross-fade) from one shot to the next: the frames between its ends are blends of them.
 # Over a window of DISSOLVE_FRAMES frames (at 25 fps, in proportion at others), from frame s to
 # frame e: the two ends differ by DISSOLVE_CHANGE or more (mean gray levels, on every other pixel of
-# the analysis frames), are not the same picture (their correlation is under DISSOLVE_CORR: a light dimming, a
-# focus pull), both show something and neither is dark (a fade through black is a dark run), and the
+# the analysis frames), are not the same picture (their correlation is under DISSOLVE_CORR: a light
+# dimming, a focus pull; and their change is not mostly of brightness, DISSOLVE_LIGHT), both show
+# something and neither is dark (a fade through black is a dark run), and the
 # middle frame differs from the mean of the ends by under DISSOLVE_BLEND times their difference. A
 # cut inside the window puts the middle frame at one end, 0.5 times; motion moves it away from both,
 # 0.35 and more (the smallest of the music video's and bikes.mp4's windows, and 0.48 in
@@ -84,6 +85,9 @@ MAX_PASSED = 3
 DISSOLVE_FRAMES = (6, 10, 16, 24, 32)
 DISSOLVE_CHANGE, DISSOLVE_CORR, DISSOLVE_BLEND = 10.0, 0.6, 0.2
 DISSOLVE_SHOWS = 2.0  # an end whose gray varies less than this (a standard deviation) shows nothing (score.SHOWS)
+# Ends whose means differ by more than this share of their change changed mostly in brightness: a fade
+# out or in (in smoke/media/fade.mp4 the share was 0.97 and more), a light switched on; no dissolve.
+DISSOLVE_LIGHT = 0.9
 
 
 def frame_features(small: np.ndarray) -> tuple[np.ndarray, float]:
@@ -400,6 +404,7 @@ class AdaptiveDetector:
         for k in np.flatnonzero(fits):  # ends that show something, are not dark, and are not the same picture
             a, b = starts[k], end
             if min(a.mean(), b.mean()) < self.dark_luma or min(a.std(), b.std()) < DISSOLVE_SHOWS or \
+                    abs(a.mean() - b.mean()) > DISSOLVE_LIGHT * change[k] or \
                     float(((a - a.mean()) * (b - b.mean())).mean()) >= DISSOLVE_CORR * a.std() * b.std():
                 fits[k] = False
         if not fits.any():
