@@ -120,11 +120,14 @@ def test_shots_are_frame_accurate(curated, corpus):
         assert records[name]["scene_cuts"] == truth[name]["cuts"], name
         spans = [[s["start_frame"], s["end_frame"]] for s in truth[name]["shots"]]
         assert records[name]["shots"] == spans, name
-    # A fade through black: a boundary inside the fade, never a clip across it.
+    # A fade through black: a boundary inside the fade, never a clip across it. It is a dark run, no
+    # dissolve: its frames, fading, are blends of a frame before and of black, but they change in
+    # brightness alone (two transitions were found in it, before detect.DISSOLVE_LIGHT).
     (fade,) = truth["fade.mp4"]["fades"]
     for clip in records["fade.mp4"]["clips"]:
         if clip["kept"]:
             assert clip["end_frame"] <= fade["start_frame"] + 6 or clip["start_frame"] >= fade["end_frame"] - 6
+    assert not any((c["reason"] or "").startswith("transition") for r in records.values() for c in r["clips"])
 
 
 def test_a_short_shot_in_a_low_frame_rate_gif_is_a_shot_of_its_own(tmp_path):
