@@ -26,6 +26,7 @@ from vfm_testmedia import (
     _encode,
     _moving,
     bikes_frames,
+    cross_faded,
     write_bad_and_odd_inputs,
     write_bit_flipped,
     write_browser_webm,
@@ -1747,11 +1748,8 @@ def _dissolved(bikes, path: Path, a: tuple[int, int], b: tuple[int, int], blend:
     by a dissolve of `blend` frames as an editor makes one: the end of `a` mixed with the start of
     `b`, both moving on. Returns the blended frames as [start, end)."""
     frames = bikes_frames(bikes)
-    first, second = frames[a[0] + 1:a[1] - 1], frames[b[0] + 1:b[1] - 1]
-    start = len(first) - blend
-    mixed = [((1 - w) * first[start + k].astype(np.float32) + w * second[k]).round().astype(np.uint8)
-             for k, w in enumerate(np.arange(1, blend + 1) / (blend + 1))]
-    _encode(path, [*first[:start], *mixed, *second[blend:]], fps=25)
+    film, start = cross_faded(frames[a[0] + 1:a[1] - 1], frames[b[0] + 1:b[1] - 1], blend)
+    _encode(path, film, fps=25)
     return start, start + blend
 
 

@@ -142,21 +142,29 @@ def write_browser_webm(path: Path, speed_px_s: float = 20.0) -> None:
             container_options={"live": "1"})
 
 
-def write_dissolve(path: Path, blend_frames: int = 12) -> tuple[int, int]:
-    """Two synthetic shots joined by a dissolve: each of `blend_frames` frames mixes the end of the
-    first with the start of the second, in steps. Returns the blended frames as [start, end)."""
-    import random
-
+def cross_faded(first, second, blend: int) -> tuple[list, int]:
+    """The RGB frames of `first` then `second` joined by a dissolve, as an editor makes one: each of
+    `blend` frames mixes the end of `first` with the start of `second`, both moving on, in steps.
+    Returns (the frames, the first blended frame)."""
     import numpy as np
+
+    start = len(first) - blend
+    mixed = [((1 - w) * first[start + k].astype(np.float32) + w * second[k].astype(np.float32)).round().astype(np.uint8)
+             for k, w in enumerate(np.arange(1, blend + 1) / (blend + 1))]
+    return [*first[:start], *mixed, *second[blend:]], start
+
+
+def write_dissolve(path: Path, blend_frames: int = 12) -> tuple[int, int]:
+    """Two synthetic shots joined by a dissolve of `blend_frames` frames from frame 28 (cross_faded).
+    Returns the blended frames as [start, end)."""
+    import random
 
     from curator import synth
 
     a, b = synth._chain(random.Random(5), [40, 40])
     first, second = list(synth.render([a], 128, 96)), list(synth.render([b], 128, 96))
-    start = 28
-    blend = [(1 - w) * first[start + k].astype(np.float32) + w * second[k].astype(np.float32)
-             for k, w in enumerate(np.arange(1, blend_frames + 1) / (blend_frames + 1))]
-    _encode(path, first[:start] + [f.round().astype(np.uint8) for f in blend] + second[blend_frames:])
+    frames, start = cross_faded(first[:28 + blend_frames], second, blend_frames)
+    _encode(path, frames)
     return start, start + blend_frames
 
 

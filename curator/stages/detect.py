@@ -155,7 +155,7 @@ class AdaptiveDetector:
 
     def __init__(self, threshold: float = 3.0, min_content: float = 15.0, window: int = 2,
                  min_shot_frames: int = 8, dark_luma: float = DARK_LUMA, flash_frames: int = 3,
-                 fps: float = FULL_RATE_FPS, dissolves: bool = False):
+                 fps: float = FULL_RATE_FPS, find_dissolves: bool = False):
         if threshold <= 1:
             raise ValueError(f"threshold={threshold}: the ratio to the neighbours' mean must be > 1")
         if window < 1:
@@ -178,9 +178,9 @@ class AdaptiveDetector:
         # it can come (the longest window on), and may then start up to twice that far back: a
         # boundary goes out (push) that far behind the stream, so that boundaries go out in order.
         self.dissolve_frames = sorted({max(4, 2 * round(n * fps / FULL_RATE_FPS / 2)) for n in DISSOLVE_FRAMES}) \
-            if dissolves else []
+            if find_dissolves else []
         longest = max(self.dissolve_frames, default=0)
-        self.lookahead = self.decide_after + (2 * longest + 2 if dissolves else 0)  # frames a boundary lags
+        self.lookahead = self.decide_after + (2 * longest + 2 if find_dissolves else 0)  # frames a boundary lags
         self._grays: dict[int, np.ndarray] = {}  # index -> gray of every other pixel of its analysis frame
         self._gray_from = 0  # the oldest frame _grays may still hold
         self._dissolve: tuple[int, int] | None = None  # (s, e): the longest window of a dissolve found so far
@@ -401,11 +401,12 @@ class AdaptiveDetector:
         fits = (change >= DISSOLVE_CHANGE) & (blend < DISSOLVE_BLEND * change)
         if not fits.any():  # motion, as nearly always: no need to look further
             return
+        e_mean, e_std = end.mean(), end.std()
         for k in np.flatnonzero(fits):  # ends that show something, are not dark, and are not the same picture
-            a, b = starts[k], end
-            if min(a.mean(), b.mean()) < self.dark_luma or min(a.std(), b.std()) < DISSOLVE_SHOWS or \
-                    abs(a.mean() - b.mean()) > DISSOLVE_LIGHT * change[k] or \
-                    float(((a - a.mean()) * (b - b.mean())).mean()) >= DISSOLVE_CORR * a.std() * b.std():
+            s_mean, s_std = starts[k].mean(), starts[k].std()
+            if min(s_mean, e_mean) < self.dark_luma or min(s_std, e_std) < DISSOLVE_SHOWS or \
+                    abs(s_mean - e_mean) > DISSOLVE_LIGHT * change[k] or \
+                    float(((starts[k] - s_mean) * (end - e_mean)).mean()) >= DISSOLVE_CORR * s_std * e_std:
                 fits[k] = False
         if not fits.any():
             return
@@ -438,13 +439,12 @@ class AdaptiveDetector:
             return
         first, end = max(0, inside[0] - 1), inside[-1] + 2
         if self.dissolves and first <= self.dissolves[-1][1]:  # the one before runs into it: one transition
-            self.dissolves[-1][1] = max(self.dissolves[-1][1], end)
+            self.dissolves[-1][1] = max(self.dissolves[-1][1], end)  # (its old end no longer goes out: _release)
         else:
             self.dissolves.append([first, end])
             self.transition_starts.add(first)
-        self._out += [end]  # (a boundary inside a dissolve does not go out; see _release)
-        if self.dissolves[-1][0] == first:
             self._out.append(first)
+        self._out.append(end)
 
     def _pass_over(self, i: int, f: np.ndarray, box: tuple[slice, slice]) -> None:
         """Frame i follows a short run of damaged frames (see MAX_PASSED), none decided yet: they
@@ -508,7 +508,7 @@ def build_detector(cfg, fps: float, steady_fps: float | None = None):
     if cfg.name == "adaptive":
         return AdaptiveDetector(cfg.threshold, cfg.min_content, cfg.window, min_shot_frames(cfg.min_shot_s, fps),
                                 flash_frames=flash_frames(cfg.flash_s, fps), fps=steady_fps or fps,
-                                dissolves=cfg.get("dissolves", True))
+                                find_dissolves=cfg.get("dissolves", True))
     if cfg.name == "fixed":
         if cfg.window_s <= 0:
             raise ValueError(f"detector.window_s={cfg.window_s}: must be > 0 seconds")
