@@ -4,6 +4,8 @@ at the two sizes curation needs (a small analysis frame, and the transcode frame
 
 from __future__ import annotations
 
+import functools
+import io
 import itertools
 import math
 import os
@@ -72,7 +74,7 @@ def open_input(source) -> av.container.InputContainer:
     strictly failed the whole file over its title. An animated WebP, whose animation FFmpeg's WebP
     decoder in PyAV's build does not read, is opened as the video of its frames (webp_video)."""
     if isinstance(source, (str, os.PathLike)) and is_animated_webp(source):
-        source = webp_video(os.fspath(source))
+        source = webp_video(os.fspath(source)).reader()
     return av.open(source, "r", metadata_errors="replace")
 
 
@@ -90,48 +92,120 @@ WEBP_IN_MEMORY = 64 << 20  # bytes of an animated WebP's video kept in memory; a
 WEBP_CODEC = "webp"  # an animated WebP's codec in its record (Probe.codec), not its video's FFV1
 
 
-def webp_video(path: str):
-    """An animated WebP's frames, decoded by Pillow, as a file object holding their lossless video:
-    FFV1 in Matroska, each frame at its own time in milliseconds (a WebP's frames can show for
-    different times), transparent pixels over black. Where a frame cannot be decoded (damaged data),
-    the frames before it are kept, and the video's tag UNREAD counts those lost."""
+@dataclass
+class WebpVideo:
+    """An animated WebP's frames as a lossless video (see webp_video): `file` holds it; `unread`
+    counts the frames from a damaged one on, which Pillow could not decode; `cut_short`, for a file
+    that ends before the size its header states, says so."""
+
+    file: tempfile.SpooledTemporaryFile
+    unread: int = 0
+    cut_short: str | None = None
+
+    def reader(self) -> _SharedReader:
+        return _SharedReader(self.file)
+
+
+class _SharedReader(io.RawIOBase):
+    """A reader of `file` with a position of its own, so that several containers can read one
+    WebpVideo's file (a source's probe, its border sampling and its decoding)."""
+
+    def __init__(self, file):
+        self.file, self.pos = file, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        self.file.seek(self.pos)
+        n = self.file.readinto(buffer)
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.file.seek(0, io.SEEK_END)}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def _whole_chunks(path: str) -> tuple[str | io.BytesIO, str | None]:
+    """A RIFF (WebP) file to open: its path, and None; or, for a file that ends before the size its
+    header states (an interrupted download or copy), its whole chunks alone, the header's size set
+    to theirs, and a line that says how much of the file is there."""
+    with open(path, "rb") as f:
+        stated = int.from_bytes(f.read(8)[4:8], "little") + 8
+        if os.fstat(f.fileno()).st_size >= stated:
+            return path, None
+        data = f.read()
+    at = 4  # after the file's header, in `data`: the form type, then chunks
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at + 4:at + 8], "little")
+        if at + 8 + size > len(data):
+            break
+        at = min(len(data), at + 8 + size + size % 2)
+    whole = b"RIFF" + at.to_bytes(4, "little") + data[:at]
+    return io.BytesIO(whole), f"the file is cut short: it ends after {len(data) + 8} of the {stated} bytes " \
+        "its header states"
+
+
+@functools.lru_cache(maxsize=1)
+def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
+    """webp_video's work, once for the file at `path` as it is (`size`, `mtime_ns`): a source's probe,
+    border sampling and decoding each open it, and converting took most of its curation's time."""
     from PIL import Image
 
     out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
+    video, cut_short = WebpVideo(out), None
     try:
-        with Image.open(path) as im, av.open(out, "w", format="matroska") as c:
+        source, cut_short = _whole_chunks(path)
+        with Image.open(source) as im, av.open(out, "w", format="matroska") as c:
             im.load()
             first_ms = im.info.get("duration") or 100
             s = c.add_stream("ffv1", rate=Fraction(1000, first_ms))
             s.width, s.height, s.pix_fmt = *im.size, "bgr0"
             s.codec_context.time_base = Fraction(1, 1000)
-            n = good = getattr(im, "n_frames", 1)
-            for i in range(n):  # a first pass finds a damaged frame, for the tag in the file's header
+            n = getattr(im, "n_frames", 1)
+            for i in range(n):
                 try:
                     im.seek(i)
                     im.load()
                 except (OSError, ValueError, EOFError):
                     if i == 0:
                         raise
-                    good = i
-                    c.metadata["UNREAD"] = str(n - i)  # the frames from the damaged one on: Damage.unread
+                    video.unread = n - i  # the frames from the damaged one on
                     break
-                progress()  # for the sandbox's timeout, which is on time without progress
-            for i in range(good):
-                im.seek(i)
-                im.load()
-                rgba = np.asarray(im.convert("RGBA"), dtype=np.uint16)  # (h, w, 4)
-                rgb = ((rgba[..., :3] * rgba[..., 3:] + 127) // 255).astype(np.uint8)  # over black
-                frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+                rgba = np.asarray(im.convert("RGBA"))  # (h, w, 4)
+                rgb = rgba[..., :3]
+                if rgba[..., 3].min() < 255:  # transparent pixels: over black
+                    rgb = ((rgb.astype(np.uint16) * rgba[..., 3:] + 127) // 255).astype(np.uint8)
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
                 frame.pts, frame.time_base = im.info.get("timestamp", 0), Fraction(1, 1000)
                 c.mux(s.encode(frame))
-                progress()
+                progress()  # for the sandbox's timeout, which is on time without progress
             c.mux(s.encode())
     except (OSError, ValueError, av.FFmpegError) as e:
         out.close()
-        raise MediaError(f"cannot read animated WebP: {e}") from e
-    out.seek(0)
-    return out
+        why = f"{cut_short} (an interrupted download or copy), before its first frame" if cut_short else e
+        raise MediaError(f"cannot read animated WebP: {why}") from e
+    if cut_short:
+        video.cut_short = f"{cut_short} (an interrupted download or copy): the frames in it were kept"
+    return video
+
+
+def webp_video(path: str) -> WebpVideo:
+    """An animated WebP's frames, decoded by Pillow, as their lossless video: FFV1 in Matroska, each
+    frame at its own time in milliseconds (a WebP's frames can show for different times),
+    transparent pixels over black, in memory up to WEBP_IN_MEMORY bytes. Where a frame cannot be
+    decoded (damaged data), the frames before it are kept; a file cut short keeps its whole frames.
+    The last file's video is kept (an unchanged file is converted once)."""
+    st = os.stat(path)
+    return _converted_webp(os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
 def video_stream(container) -> av.VideoStream | None:
@@ -171,6 +245,7 @@ class Damage:
         self.key_at: int | None = None  # the place in this run of its first rejected key frame
         self.since_key = False  # a frame was lost or concealed since the last intra frame
         self.unread = 0  # an animated WebP's frames from a damaged one on, which Pillow could not decode
+        self.cut_short: str | None = None  # an animated WebP that ends before its header's size: what is there
 
     def summary(self) -> str | None:
         parts = []
@@ -180,7 +255,8 @@ class Damage:
             parts.append(f"{self.damaged_frames} frames came out damaged")
         if self.unread:
             parts.append(f"its last {self.unread} frames could not be decoded and were left out")
-        return f"damaged stream: {', '.join(parts)}" if parts else None
+        lines = [f"damaged stream: {', '.join(parts)}"] if parts else []
+        return "; ".join(lines + [self.cut_short] if self.cut_short else lines) or None
 
 
 def packets(container, stream) -> Iterator[av.Packet]:
@@ -580,10 +656,11 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # numbers read as BT.601 were up to 30 levels off in a channel.
     to_out, to_small, to_luma = VideoReformatter(), VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
+    if damage is not None and is_animated_webp(path):
+        webp = webp_video(path)
+        damage.unread, damage.cut_short = webp.unread, webp.cut_short
     with open_input(path) as container:
         stream = video_stream(container)
-        if damage is not None:
-            damage.unread = int(container.metadata.get("UNREAD", 0))  # an animated WebP's (webp_video)
         if threads != 1:
             stream.thread_type = "AUTO"
         # One thread where asked, not PyAV's default of slice threads, as many as the cores: those
