@@ -203,9 +203,14 @@ def webp_video(path: str) -> WebpVideo:
     frame at its own time in milliseconds (a WebP's frames can show for different times),
     transparent pixels over black, in memory up to WEBP_IN_MEMORY bytes. Where a frame cannot be
     decoded (damaged data), the frames before it are kept; a file cut short keeps its whole frames.
-    The last file's video is kept (an unchanged file is converted once)."""
+    The last file's video is kept (an unchanged file is converted once) until forget_webp()."""
     st = os.stat(path)
     return _converted_webp(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def forget_webp() -> None:
+    """Let go of the last animated WebP's video (up to WEBP_IN_MEMORY bytes held in memory)."""
+    _converted_webp.cache_clear()
 
 
 def video_stream(container) -> av.VideoStream | None:

@@ -459,6 +459,14 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
     transitions of an earlier detection pass (transnet.detect_shots); without them the configured
     online detector finds the shots. `spool`: a folder for the kept clips' mp4 files (ClipEncoder);
     a failure to write there raises SpoolError."""
+    try:
+        return _process_source(path, source_id, cfg, boundaries, spool)
+    finally:
+        media.forget_webp()  # an animated WebP's video, held for the source's passes
+
+
+def _process_source(path: str, source_id: str, cfg, boundaries: dict | None,
+                    spool: str | None) -> tuple[dict, list[Clip]]:
     record = {"source": path, "source_id": source_id, "status": "error", "error": None,
               "shots": [], "clips": []}
     timings = {"probe_s": 0.0, "decode_detect_s": 0.0, "score_s": 0.0, "encode_s": 0.0}
