@@ -1795,14 +1795,16 @@ def _dissolved(bikes, path: Path, a: tuple[int, int], b: tuple[int, int], blend:
 
 
 @pytest.mark.parametrize("a, b, blend", [((76, 137), (137, 187), 16), ((187, 242), (137, 187), 24),
-                                         ((187, 242), (0, 30), 6)])
+                                         ((187, 242), (0, 30), 6), ((137, 187), (187, 242), 16),
+                                         ((76, 137), (187, 242), 24)])
 def test_the_default_detector_takes_a_dissolve_for_a_transition(bikes, tmp_path, a, b, blend):
     """Two of bikes.mp4's shots joined by a dissolve of 6 to 24 frames (a quarter to a whole
     second): the cut-only detector saw no cut, and the shots' clip ran through the blend, two
     pictures on top of each other. Now the blended frames are a shot of their own whose clip is
     dropped as `transition`, and no kept clip shows one; `detector.dissolves=false` runs the clip
     through them, as before. (bikes.mp4 itself, with its cuts alone, has no transition: see the
-    test of its shots.)"""
+    test of its shots.) The last two are between shots that move: their middle frames are 0.2 to
+    0.27 of the change between the ends away from their mean, and were taken for motion."""
     blend_start, blend_end = _dissolved(bikes, tmp_path / "dissolve.mp4", a, b, blend)
     record, clips = process_source(str(tmp_path / "dissolve.mp4"), "dissolve", _cfg(tmp_path, tmp_path / "out"))
     assert record["scene_cuts"] == []
@@ -1814,6 +1816,27 @@ def test_the_default_detector_takes_a_dissolve_for_a_transition(bikes, tmp_path,
     record, clips = process_source(str(tmp_path / "dissolve.mp4"), "dissolve",
                                    _cfg(tmp_path, tmp_path / "out", "detector.dissolves=false"))
     assert len(record["shots"]) == 1 and not any((c.reason or "").startswith("transition") for c in clips)
+
+
+@pytest.mark.parametrize("back", [0.0, 0.2])
+def test_a_mix_of_two_pictures_that_goes_back_and_forth_is_no_dissolve(bikes, tmp_path, back):
+    """Two still pictures mixed over 16 frames, the mix going from the one to the other: a dissolve,
+    and a transition. Where the mix goes back and forth on its way (a reflection, light flickering
+    over a scene), its middle frame can still be the mean of its ends; going back by 0.2 of the way
+    it is no dissolve (detect.DISSOLVE_BACK). Without that test, it was taken for one."""
+    from curator.stages import detect
+
+    pictures = bikes_frames(bikes)
+    first, second = (pictures[i][::8, ::10].astype(np.float32) for i in (10, 100))  # (34, 64, 3) each
+    t = np.arange(1, 16) / 16
+    way = [0.0] * 20 + list(t + back * np.sin(2 * np.pi * t * 3)) + [1.0] * 20  # 0 to 1, going back by `back`
+    detector = detect.build_detector(conf.compose("curate", ["input=x", "output=y"]).detector, 25.0)
+    for w in way:
+        small = ((1 - w) * first + w * second).round().astype(np.uint8)
+        detector.push(small, False)
+    detector.flush()
+    assert detector.scene_cuts == []
+    assert detector.dissolves == ([[19, 36]] if back == 0 else []), detector.dissolves  # a frame either side
 
 
 def test_given_transitions_are_shots_of_their_own_at_the_start_middle_and_end(bikes, tmp_path):

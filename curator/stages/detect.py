@@ -77,13 +77,19 @@ MAX_PASSED = 3
 # middle frame differs from the mean of the ends by under DISSOLVE_BLEND times their difference. A
 # cut inside the window puts the middle frame at one end, 0.5 times; motion moves it away from both,
 # 0.35 and more (the smallest of the music video's and bikes.mp4's windows, and 0.48 in
-# PySceneDetect's clips), where dissolves of 6 to 24 frames between bikes.mp4's shots came to 0.07
-# to 0.16, and the dissolve in PySceneDetect's testvideo.mp4 to 0.06 (the only one found in all
+# PySceneDetect's clips; 0.39 and more where it also goes one way, DISSOLVE_BACK), where dissolves
+# of 6 to 24 frames between bikes.mp4's still shots came to 0.07 to 0.16, between its moving ones
+# up to 0.27, and the dissolve in PySceneDetect's testvideo.mp4 to 0.06 (the only one found in all
 # that footage, and in bigbuckbunny.mp4: frames 528 to 559, checked by eye). A dissolve between shots in
 # fast motion (0.3 to 0.4) is not told from motion, and stays inside a shot. Windows that fit and
 # overlap are one dissolve, whose blended frames make a shot of their own (see _take_dissolve).
 DISSOLVE_FRAMES = (6, 10, 16, 24, 32)
-DISSOLVE_CHANGE, DISSOLVE_CORR, DISSOLVE_BLEND = 10.0, 0.6, 0.2
+DISSOLVE_CHANGE, DISSOLVE_CORR, DISSOLVE_BLEND = 10.0, 0.6, 0.27
+# A dissolve goes one way, from one end to the other: no frame of it goes back further than this share
+# of the way from the furthest one before it (see _way_back). Motion that brings the middle frame near
+# the mean of the ends goes back and forth: 0.10 to 0.15 in the music video's four windows whose
+# middle came nearest (0.36 to 0.39); the bench's dissolves went back 0.05 at most.
+DISSOLVE_BACK = 0.1
 DISSOLVE_SHOWS = 2.0  # an end whose gray varies less than this (a standard deviation) shows nothing (score.SHOWS)
 # Ends whose means differ by more than this share of their change changed mostly in brightness: a fade
 # out or in (in smoke/media/fade.mp4 the share was 0.97 and more), a light switched on; no dissolve.
@@ -406,7 +412,8 @@ class AdaptiveDetector:
             s_mean, s_std = starts[k].mean(), starts[k].std()
             if min(s_mean, e_mean) < self.dark_luma or min(s_std, e_std) < DISSOLVE_SHOWS or \
                     abs(s_mean - e_mean) > DISSOLVE_LIGHT * change[k] or \
-                    float(((starts[k] - s_mean) * (end - e_mean)).mean()) >= DISSOLVE_CORR * s_std * e_std:
+                    float(((starts[k] - s_mean) * (end - e_mean)).mean()) >= DISSOLVE_CORR * s_std * e_std or \
+                    self._way_back(i - ns[k], i) > DISSOLVE_BACK:
                 fits[k] = False
         if not fits.any():
             return
@@ -415,6 +422,16 @@ class AdaptiveDetector:
             self._take_dissolve()
         # The windows that fit, overlapping, together: their outer ends the likeliest outside it.
         self._dissolve = (i - n, i) if self._dissolve is None else (min(self._dissolve[0], i - n), i)
+
+    def _way_back(self, s: int, e: int) -> float:
+        """How far the frames from s to e go back on their way from frame s to frame e, at most: each
+        frame's change from frame s projected onto the change from s to e (0 at s, 1 at e), and the
+        largest fall of that below its highest before."""
+        start = self._grays[s]
+        change = (self._grays[e] - start).ravel()
+        way = [float((self._grays[t] - start).ravel() @ change) for t in range(s + 1, e) if t in self._grays]
+        way = np.array(way) / float(change @ change)  # (frames,)
+        return float((np.maximum.accumulate(way) - way).max()) if len(way) else 0.0
 
     def _take_dissolve(self) -> None:
         """A dissolve, found in the windows from frame s to frame e: the frames that are on the way
