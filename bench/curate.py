@@ -287,16 +287,19 @@ def dissolved(pieces: list, folder: Path) -> dict[str, dict]:
     return out
 
 
-def dissolve_scores(found: list[list[int]], gold: list[list[int]]) -> tuple[int, int, int]:
+def dissolve_scores(found: list[list[int]], gold: list[list[int]]) -> tuple[int, int, int, int]:
     """(dissolves found, of them: a transition spans half of its blended frames or more; blended
-    frames outside every transition, so in a shot's clips; transitions that span no blended frame)."""
+    frames outside every transition, so in a shot's clips; transitions that span no blended frame;
+    clean frames inside transitions, so lost to the clips)."""
     def inside(t: int) -> bool:
         return any(a <= t < b for a, b in found)
 
+    blended = {t for a, b in gold for t in range(a, b)}
     hit = sum(sum(inside(t) for t in range(a, b)) * 2 >= b - a for a, b in gold)
-    left = sum(not inside(t) for a, b in gold for t in range(a, b))
+    left = sum(t not in {u for a, b in found for u in range(a, b)} for t in blended)
     false = sum(not any(a < gb and ga < b for ga, gb in gold) for a, b in found)
-    return hit, left, false
+    clean = len({t for a, b in found for t in range(a, b)} - blended)
+    return hit, left, false, clean
 
 
 def every_kth_frame(truth: dict, folder: Path, k: int) -> dict[str, dict]:
@@ -502,10 +505,10 @@ def main() -> None:
         for who, find in (("ours", lambda p: ours_detect(p, full=True)["dissolves"]),
                           ("transnetv2", lambda p: transnet_shots(p)["transitions"])):
             scores = [dissolve_scores(find(f["path"]), f["dissolves"]) for f in films.values()]
-            hit, left, false = (sum(s[j] for s in scores) for j in range(3))
-            dissolve_figures[who] = {"found": hit, "blended_left": left, "false": false}
+            hit, left, false, clean = (sum(s[j] for s in scores) for j in range(4))
+            dissolve_figures[who] = {"found": hit, "blended_left": left, "false": false, "clean_taken": clean}
             print(f"  {who:12s} found {hit} of {gold}; blended frames left in shots {left} of {blended}; "
-                  f"transitions elsewhere {false}")
+                  f"transitions elsewhere {false}; clean frames in transitions {clean}")
         real = music_video()
         real_dissolves = {Path(t["path"]).name: ours_detect(t["path"], full=True)["dissolves"]
                           for t in (*truth.values(), *real.values())}
