@@ -90,6 +90,10 @@ def is_animated_webp(path) -> bool:
 
 WEBP_IN_MEMORY = 64 << 20  # bytes of an animated WebP's video kept in memory; a larger one goes to a temporary file
 WEBP_CODEC = "webp"  # an animated WebP's codec in its record (Probe.codec), not its video's FFV1
+# A frame said to show for this many ms or less shows for WEBP_SHORT_MS, as browsers show it (and as
+# FFmpeg reads such a GIF): ads and converters write 0 to mean "as fast as you can". Timed as
+# written, a WebP of 0 ms frames lasted no time at all, and came out as one clip of 0 s, too short.
+WEBP_MIN_MS, WEBP_SHORT_MS = 10, 100
 
 
 @dataclass
@@ -166,11 +170,15 @@ def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
         source, cut_short = _whole_chunks(path)
         with Image.open(source) as im, av.open(out, "w", format="matroska") as c:
             im.load()
-            first_ms = im.info.get("duration") or 100
-            s = c.add_stream("ffv1", rate=Fraction(1000, first_ms))
+
+            def shown_ms() -> int:  # the frame's time on screen
+                ms = im.info.get("duration") or 0
+                return WEBP_SHORT_MS if ms <= WEBP_MIN_MS else ms
+
+            s = c.add_stream("ffv1", rate=Fraction(1000, shown_ms()))
             s.width, s.height, s.pix_fmt = *im.size, "bgr0"
             s.codec_context.time_base = Fraction(1, 1000)
-            n = getattr(im, "n_frames", 1)
+            n, at_ms = getattr(im, "n_frames", 1), 0
             for i in range(n):
                 try:
                     im.seek(i)
@@ -185,7 +193,8 @@ def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
                 if rgba[..., 3].min() < 255:  # transparent pixels: over black
                     rgb = ((rgb.astype(np.uint16) * rgba[..., 3:] + 127) // 255).astype(np.uint8)
                 frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-                frame.pts, frame.time_base = im.info.get("timestamp", 0), Fraction(1, 1000)
+                frame.pts, frame.time_base = at_ms, Fraction(1, 1000)
+                at_ms += shown_ms()
                 c.mux(s.encode(frame))
                 progress()  # for the sandbox's timeout, which is on time without progress
             c.mux(s.encode())

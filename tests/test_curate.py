@@ -1251,7 +1251,8 @@ def test_an_animated_webp_is_curated_as_a_video(bikes, tmp_path):
     """FFmpeg's WebP decoder in PyAV's build reads no animation: an animated WebP (the web's
     replacement for the animated GIF) got the error record "no decodable video frame". Pillow now
     decodes its frames into a lossless video that is curated as any other, each frame at its own
-    time. A damaged frame keeps the frames before it, and the record says how many were lost; so
+    time (0 ms: 100 ms, as browsers show it). A damaged frame keeps the frames before it, and the
+    record says how many were lost; so
     does a file cut short, which Pillow cannot open, and one cut before its first frame gets a
     clear error."""
     frames = list(bikes_frames(bikes))[:100]  # cuts at 30 and 76
@@ -1272,6 +1273,13 @@ def test_an_animated_webp_is_curated_as_a_video(bikes, tmp_path):
     with av.open(io.BytesIO(clips[1].mp4)) as c:
         s = c.streams.video[0]
         assert s.frames == 69 and float(s.duration * s.time_base) == pytest.approx(2.76)
+
+    # Frames said to last 0 ms (ads, converters: "as fast as you can") show for 100 ms, as browsers
+    # show them: timed as written, the WebP lasted no time, and its one clip of 0 s was too short.
+    _animated_webp(tmp_path / "zero.webp", frames, [0] * 100)
+    record, clips = process_source(str(tmp_path / "zero.webp"), "zero", cfg)
+    assert record["status"] == "ok" and record["fps"] == 10 and record["duration_s"] == 10.0
+    assert record["shots"] == [[0, 30], [30, 76], [76, 100]] and [c.kept for c in clips] == [True] * 3
 
     data = bytearray((tmp_path / "anim.webp").read_bytes())
     at = _webp_frames_at(bytes(data))[50]
