@@ -71,10 +71,12 @@ def _rate(value) -> float:
 def open_input(source) -> av.container.InputContainer:
     """A media file (a path or a file object) opened for reading. Tags that are not UTF-8 (Latin-1
     titles in older AVI and camera files) are read with replacement characters: decoding them
-    strictly failed the whole file over its title. An animated WebP, whose animation FFmpeg's WebP
-    decoder in PyAV's build does not read, is opened as the video of its frames (webp_video)."""
-    if isinstance(source, (str, os.PathLike)) and is_animated_webp(source):
-        source = webp_video(os.fspath(source)).reader()
+    strictly failed the whole file over its title. A file that FFmpeg would not play as a browser
+    shows it is opened as the video that stands in for it (stand_in): an animated WebP, whose
+    animation FFmpeg's WebP decoder in PyAV's build does not read, and a GIF with frames said to
+    last 10 ms."""
+    if isinstance(source, (str, os.PathLike)) and (video := stand_in(os.fspath(source))) is not None:
+        source = video.reader()
     return av.open(source, "r", metadata_errors="replace")
 
 
@@ -90,17 +92,18 @@ def is_animated_webp(path) -> bool:
 
 WEBP_IN_MEMORY = 64 << 20  # bytes of an animated WebP's video kept in memory; a larger one goes to a temporary file
 WEBP_CODEC = "webp"  # an animated WebP's codec in its record (Probe.codec), not its video's FFV1
-# A frame said to show for this many ms or less shows for WEBP_SHORT_MS, as browsers show it (and as
-# FFmpeg reads such a GIF): ads and converters write 0 to mean "as fast as you can". Timed as
-# written, a WebP of 0 ms frames lasted no time at all, and came out as one clip of 0 s, too short.
-WEBP_MIN_MS, WEBP_SHORT_MS = 10, 100
+# A frame of an animated picture (WebP, GIF) said to show for FAST_MS or less shows for SHOWN_MS, as
+# browsers show it: ads and converters write 0 or 10 ms to mean "as fast as you can". Timed as
+# written, a WebP of 0 ms frames lasted no time at all, and came out as one clip of 0 s, too short; a
+# GIF of 10 ms frames (FFmpeg reads 0 as 100 ms, but 10 ms as it is) played ten times too fast.
+FAST_MS, SHOWN_MS = 10, 100
 
 
 @dataclass
-class WebpVideo:
-    """An animated WebP's frames as a lossless video (see webp_video): `file` holds it; `unread`
-    counts the frames from a damaged one on, which Pillow could not decode; `cut_short`, for a file
-    that ends before the size its header states, says so."""
+class StandIn:
+    """The video that stands in for a source (see stand_in): `file` holds it; `unread` counts an
+    animated WebP's frames from a damaged one on, which Pillow could not decode; `cut_short`, for a
+    WebP that ends before the size its header states, says so."""
 
     file: tempfile.SpooledTemporaryFile
     unread: int = 0
@@ -112,7 +115,7 @@ class WebpVideo:
 
 class _SharedReader(io.RawIOBase):
     """A reader of `file` with a position of its own, so that several containers can read one
-    WebpVideo's file (a source's probe, its border sampling and its decoding)."""
+    StandIn's file (a source's probe, its border sampling and its decoding)."""
 
     def __init__(self, file):
         self.file, self.pos = file, 0
@@ -158,14 +161,16 @@ def _whole_chunks(path: str) -> tuple[str | io.BytesIO, str | None]:
         "its header states"
 
 
-@functools.lru_cache(maxsize=1)
-def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
-    """webp_video's work, once for the file at `path` as it is (`size`, `mtime_ns`): a source's probe,
-    border sampling and decoding each open it, and converting took most of its curation's time."""
+def webp_video(path: str) -> StandIn:
+    """An animated WebP's frames, decoded by Pillow, as their lossless video: FFV1 in Matroska, each
+    frame at its own time in milliseconds (a WebP's frames can show for different times; see
+    FAST_MS), transparent pixels over black, in memory up to WEBP_IN_MEMORY bytes. Where a frame
+    cannot be decoded (damaged data), the frames before it are kept; a file cut short keeps its
+    whole frames."""
     from PIL import Image
 
     out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
-    video, cut_short = WebpVideo(out), None
+    video, cut_short = StandIn(out), None
     try:
         source, cut_short = _whole_chunks(path)
         with Image.open(source) as im, av.open(out, "w", format="matroska") as c:
@@ -173,7 +178,7 @@ def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
 
             def shown_ms() -> int:  # the frame's time on screen
                 ms = im.info.get("duration") or 0
-                return WEBP_SHORT_MS if ms <= WEBP_MIN_MS else ms
+                return SHOWN_MS if ms <= FAST_MS else ms
 
             s = c.add_stream("ffv1", rate=Fraction(1000, shown_ms()))
             s.width, s.height, s.pix_fmt = *im.size, "bgr0"
@@ -207,19 +212,65 @@ def _converted_webp(path: str, size: int, mtime_ns: int) -> WebpVideo:
     return video
 
 
-def webp_video(path: str) -> WebpVideo:
-    """An animated WebP's frames, decoded by Pillow, as their lossless video: FFV1 in Matroska, each
-    frame at its own time in milliseconds (a WebP's frames can show for different times),
-    transparent pixels over black, in memory up to WEBP_IN_MEMORY bytes. Where a frame cannot be
-    decoded (damaged data), the frames before it are kept; a file cut short keeps its whole frames.
-    The last file's video is kept (an unchanged file is converted once) until forget_webp()."""
-    st = os.stat(path)
-    return _converted_webp(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+def is_gif(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) in (b"GIF87a", b"GIF89a")
+    except OSError:
+        return False
 
 
-def forget_webp() -> None:
-    """Let go of the last animated WebP's video (up to WEBP_IN_MEMORY bytes held in memory)."""
-    _converted_webp.cache_clear()
+def retimed_gif(path: str) -> StandIn | None:
+    """A GIF whose frames said to last FAST_MS or less last SHOWN_MS, as browsers show them: its
+    packets copied into a NUT file (in memory up to WEBP_IN_MEMORY bytes), timed anew; None for a
+    GIF that has no such frame, or that FFmpeg cannot read (its own errors say why)."""
+    fast = FAST_MS // 10  # a GIF's times are in hundredths of a second
+    try:
+        with av.open(path) as src:
+            if not any(0 < (p.duration or 0) <= fast for p in src.demux(video=0) if p.size):
+                return None
+        out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
+        with av.open(path) as src, av.open(out, "w", format="nut") as dst:
+            stream = src.streams.video[0]
+            copy = dst.add_stream_from_template(stream)
+            at = 0
+            for packet in src.demux(stream):
+                if not packet.size:
+                    continue
+                shown = SHOWN_MS // 10 if 0 < (packet.duration or 0) <= fast else packet.duration or SHOWN_MS // 10
+                packet.pts = packet.dts = at
+                packet.duration, packet.stream = shown, copy
+                at += shown
+                dst.mux(packet)
+    except av.FFmpegError:
+        return None
+    return StandIn(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
+    if is_animated_webp(path):
+        return webp_video(path)
+    if is_gif(path):
+        return retimed_gif(path)
+    return None
+
+
+def stand_in(path: str) -> StandIn | None:
+    """The video that stands in for the source at `path` (webp_video, retimed_gif), or None for one
+    that is read as it is. The last source's is kept (a file is converted once for a source's probe,
+    border sampling and decoding, not three times: that took most of an animated WebP's curation
+    time) until forget_stand_in()."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # not a file to read: av.open says why
+    return _stand_in(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def forget_stand_in() -> None:
+    """Let go of the last source's stand-in (up to WEBP_IN_MEMORY bytes held in memory)."""
+    _stand_in.cache_clear()
 
 
 def video_stream(container) -> av.VideoStream | None:
@@ -670,9 +721,8 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # numbers read as BT.601 were up to 30 levels off in a channel.
     to_out, to_small, to_luma = VideoReformatter(), VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
-    if damage is not None and is_animated_webp(path):
-        webp = webp_video(path)
-        damage.unread, damage.cut_short = webp.unread, webp.cut_short
+    if damage is not None and (video := stand_in(path)) is not None:
+        damage.unread, damage.cut_short = video.unread, video.cut_short
     with open_input(path) as container:
         stream = video_stream(container)
         if threads != 1:

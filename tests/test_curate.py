@@ -1326,12 +1326,34 @@ def test_an_animated_webp_is_converted_once_and_shows_transparency_over_black(bi
     monkeypatch.setattr(Image, "open", lambda fp, *a, **k: opened.append(fp) or real_open(fp, *a, **k))
     record, _ = process_source(str(tmp_path / "alpha.webp"), "alpha", _cfg(tmp_path, tmp_path / "out"))
     assert record["status"] == "ok" and record["num_frames"] == 40 and len(opened) == 1
-    assert media._converted_webp.cache_info().currsize == 0  # not held past its source
+    assert media._stand_in.cache_info().currsize == 0  # not held past its source
     with media.open_input(tmp_path / "alpha.webp") as c, media.open_input(tmp_path / "alpha.webp") as again:
         first = next(c.decode(video=0)).to_ndarray(format="rgb24")
         assert np.array_equal(next(again.decode(video=0)).to_ndarray(format="rgb24"), first)
     assert len(opened) == 2  # converted again, once for both
     assert first[:, :160].max() == 0 and np.array_equal(first[:, 160:], frames[0][:, 160:])
+
+
+def test_a_gif_s_frames_said_to_last_10_ms_show_for_100_ms_as_in_a_browser(bikes, tmp_path):
+    """A GIF whose frames say they last 10 ms (one hundredth of a second, "as fast as you can"):
+    browsers show each for 100 ms, and so did its author. FFmpeg reads 0 as 100 ms but 10 ms as it
+    is: the GIF was curated at 100 fps, its clips ten times too fast and too short to keep. A GIF of
+    40 ms frames is read as it is, at 25 fps."""
+    from PIL import Image
+
+    from curator import media
+
+    images = [Image.fromarray(np.ascontiguousarray(a)).resize((320, 136)) for a in list(bikes_frames(bikes))[:100]]
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    for ms, fps in ((10, 10), (40, 25)):
+        images[0].save(tmp_path / f"{ms}.gif", save_all=True, append_images=images[1:], duration=ms, loop=0)
+        record, clips = process_source(str(tmp_path / f"{ms}.gif"), "gif", cfg)
+        assert record["status"] == "ok" and record["codec"] == "gif" and record["warning"] is None
+        assert record["fps"] == fps and record["duration_s"] == 100 / fps and record["num_frames"] == 100
+        assert record["shots"] == [[0, 30], [30, 76], [76, 100]] and [c.kept for c in clips] == [True] * 3
+        with av.open(io.BytesIO(clips[1].mp4)) as c:
+            assert c.streams.video[0].average_rate == fps and c.streams.video[0].frames == 44  # 31 to 75
+        assert (media.stand_in(str(tmp_path / f"{ms}.gif")) is None) == (ms == 40)
 
 
 def test_a_raw_dv_file_is_curated_at_its_frame_rate_not_its_header_s_time_base(bikes, tmp_path):

@@ -462,7 +462,7 @@ def process_source(path: str, source_id: str, cfg, boundaries: dict | None = Non
     try:
         return _process_source(path, source_id, cfg, boundaries, spool)
     finally:
-        media.forget_webp()  # an animated WebP's video, held for the source's passes
+        media.forget_stand_in()  # the video standing in for it (an animated WebP's), held for its passes
 
 
 def _process_source(path: str, source_id: str, cfg, boundaries: dict | None,
