@@ -946,21 +946,21 @@ print("after given instance:", ray.is_initialized())
 
 
 def test_a_local_ray_starts_without_its_raylet_sleeping_a_second():
-    """Three local instances started by the run's ray_session, in a fresh interpreter: each raylet
-    reaches its object store in under 0.9 s of starting it, as the instance carries
-    LOCAL_RAY_SYSTEM_CONFIG (Ray's default retry, 1 s apart, slept the second in about 4 of 10
-    starts here)."""
+    """Two local instances started by the run's ray_session, in a fresh interpreter: each carries
+    LOCAL_RAY_SYSTEM_CONFIG, and each raylet reaches its object store in under 0.9 s of starting it
+    (Ray's default retry, 1 s apart, slept the second in about 4 of 10 starts here, so two starts
+    catch it 2 times in 3; a third took 7 s of a suite near its 15 minutes)."""
     script = """
 import conf
 from curator.pipeline import ray_session
 cfg = conf.compose("curate", ["input=.", "output=unused", "ray.num_cpus=2"])
-for _ in range(3):
+for _ in range(2):
     with ray_session(cfg) as ray:
         print("logs:", ray._private.worker._global_node.get_logs_dir_path())
         print("config:", ray._private.state.state.get_system_config()["raylet_client_connect_timeout_milliseconds"])
 """
     stdout = _in_a_fresh_interpreter(script)
-    assert stdout.count("config: 100") == 3
+    assert stdout.count("config: 100") == 2
     for logs in re.findall(r"logs: (\S+)", stdout):
         stamps = {}
         for line in (Path(logs) / "raylet.out").read_text(errors="replace").splitlines():
