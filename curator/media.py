@@ -21,6 +21,7 @@ from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from curator.sandbox import progress
 from curator.stages import score
+from curator.stages.discover import not_a_file
 
 
 class MediaError(Exception):
@@ -461,6 +462,8 @@ def _pixel_aspect(stream) -> Fraction:
 
 def probe(path: str) -> Probe:
     """Stream facts from the container header and the first decoded frame."""
+    if problem := not_a_file(path):
+        raise MediaError(problem)
     try:
         with open_input(path) as container:
             stream = video_stream(container)

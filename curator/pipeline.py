@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curator.sandbox import Sandbox, SandboxError
 from curator.stages import caption, detect
-from curator.stages.discover import content_hash, discover, largest_first, source_id
+from curator.stages.discover import content_hash, discover, largest_first, not_a_file, source_id
 from curator.stages.split import SpoolError, process_source
 from curator.stages.transnet import ShotDetector
 from curator.writer import OutputDir, OutputInUseError, OutputWriteError, read_jsonl, write_error
@@ -196,6 +196,8 @@ def _work(path: str, cfg_dict: dict, boundaries: dict | None = None,
     mp4s as bytes, or given `spool` (a folder) as the paths of their files there. A failure to write
     the spool is the run's, not the source's: the record then has `spool_error`."""
     cfg = OmegaConf.create(cfg_dict)
+    if problem := not_a_file(path):
+        return _error(path, problem), [], []
     try:
         sha = content_hash(path)
     except OSError as e:

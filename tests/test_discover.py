@@ -93,3 +93,35 @@ def test_a_run_takes_the_largest_files_first_ties_by_path_and_unreadable_ones_la
     (tmp_path / "gone.mp4").symlink_to(tmp_path / "moved.mp4")
     order = largest_first(discover(str(tmp_path)))
     assert [Path(p).name for p in order] == ["b.mp4", "d.mp4", "c.mp4", "a.mp4", "e.mp4", "gone.mp4"]
+
+
+def test_a_pipe_a_device_or_a_folder_named_as_an_input_is_an_error_record_at_once(tmp_path):
+    """A list file can name anything. A named pipe held its worker until the source's time ran out
+    (reading one waits for a writer), and /dev/zero held it for good (its reading never ends, and
+    reports progress all the while). Each is now an error record at once, as a folder is, and so is
+    each for the TransNetV2 pass, which probes first."""
+    import os
+    import re
+    import threading
+
+    from omegaconf import OmegaConf
+
+    import conf
+    from curator import media
+    from curator.pipeline import _work
+
+    os.mkfifo(tmp_path / "pipe.mp4")
+    (tmp_path / "folder.mp4").mkdir()
+    cfg = OmegaConf.to_container(conf.compose("curate", [f"input={tmp_path}", f"output={tmp_path / 'out'}"]))
+    for path, kind in ((tmp_path / "pipe.mp4", "a named pipe (FIFO)"), ("/dev/zero", "a device"),
+                       (tmp_path / "folder.mp4", "a folder")):
+        answer = []
+        worker = threading.Thread(target=lambda p=str(path), out=answer: out.append(_work(p, cfg)), daemon=True)
+        worker.start()
+        worker.join(timeout=20)  # without the check the worker never comes back: no hang of the suite
+        assert answer, f"{path}: still reading"
+        record, metas, mp4s = answer[0]
+        assert record["status"] == "error" and record["error"] == f"not a regular file: {kind}", record
+        assert metas == [] and mp4s == []
+        with pytest.raises(media.MediaError, match=re.escape(f"not a regular file: {kind}")):
+            media.probe(str(path))

@@ -6,6 +6,7 @@ import glob
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 
 from curator.sandbox import progress
@@ -83,6 +84,23 @@ def largest_first(paths: list[str]) -> list[str]:
             return -1
 
     return sorted(paths, key=lambda p: (-size(p), p))
+
+
+def not_a_file(path: str) -> str | None:
+    """Why `path` is no file to curate, where it is none: a folder, a named pipe, a device or a
+    socket, as a list file can name one. Reading a pipe waits for a writer for ever, and a device
+    such as /dev/zero never ends, so such an input held up its worker until its time ran out, or for
+    good. None for a regular file or a link to one, and for a path that is not there (opening it says
+    why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "special"
+    return f"not a regular file: {kind}"
 
 
 def content_hash(path: str) -> str:
