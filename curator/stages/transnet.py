@@ -179,6 +179,13 @@ def detect_shots(path: str, cfg_dict: dict, threads: int = 0) -> dict:
     frame numbers in that pass. A valid stream decodes to the same frames whatever the threads, but
     a damaged one need not: a bit-flipped HEVC file gave two frames fewer frame-threaded than in one
     thread, and a cut after frames lost so comes early in the transcode pass."""
+    try:
+        return _detect_shots(path, cfg_dict, threads)
+    finally:
+        media.forget_stand_in()  # the video standing in for it (an animated WebP's), held for its passes
+
+
+def _detect_shots(path: str, cfg_dict: dict, threads: int) -> dict:
     p = media.probe(path)
     with keepalive():  # loading torch and the model, the first time, reports no progress of its own
         model = _load()
