@@ -75,10 +75,14 @@ def open_input(source) -> av.container.InputContainer:
     strictly failed the whole file over its title. A file that FFmpeg would not play as a browser
     shows it is opened as the video that stands in for it (stand_in): an animated WebP, whose
     animation FFmpeg's WebP decoder in PyAV's build does not read, and a GIF with frames said to
-    last 10 ms."""
-    if isinstance(source, (str, os.PathLike)) and (video := stand_in(os.fspath(source))) is not None:
-        source = video.reader()
-    return av.open(source, "r", metadata_errors="replace")
+    last 10 ms. An animated PNG is read with APNG_OPTIONS."""
+    options = {}
+    if isinstance(source, (str, os.PathLike)):
+        if (video := stand_in(os.fspath(source))) is not None:
+            source = video.reader()
+        elif is_png(source):
+            options = APNG_OPTIONS
+    return av.open(source, "r", metadata_errors="replace", options=options)
 
 
 def is_animated_webp(path) -> bool:
@@ -211,6 +215,19 @@ def webp_video(path: str) -> StandIn:
     if cut_short:
         video.cut_short = f"{cut_short} (an interrupted download or copy): the frames in it were kept"
     return video
+
+
+# FFmpeg's APNG demuxer shows a frame said to last 0 ms at 15 fps, and one of 10 ms as it says: with
+# these options both show for SHOWN_MS, as browsers show them (see FAST_MS).
+APNG_OPTIONS = {"default_fps": str(1000 // SHOWN_MS), "max_fps": str(1000 // FAST_MS - 1)}
+
+
+def is_png(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def is_gif(path) -> bool:

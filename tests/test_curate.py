@@ -1356,6 +1356,21 @@ def test_a_gif_s_frames_said_to_last_10_ms_show_for_100_ms_as_in_a_browser(bikes
         assert (media.stand_in(str(tmp_path / f"{ms}.gif")) is None) == (ms == 40)
 
 
+def test_an_animated_png_s_frames_said_to_last_0_or_10_ms_show_for_100_ms_as_in_a_browser(bikes, tmp_path):
+    """FFmpeg's APNG demuxer showed frames said to last 0 ms at 15 fps, and 10 ms ones at 100 fps,
+    where browsers show both for 100 ms (media.APNG_OPTIONS)."""
+    from PIL import Image
+
+    images = [Image.fromarray(np.ascontiguousarray(a)).resize((160, 68)) for a in list(bikes_frames(bikes))[:100]]
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    for ms in (0, 10):
+        images[0].save(tmp_path / f"{ms}.png", save_all=True, append_images=images[1:], duration=ms, loop=0)
+        record, clips = process_source(str(tmp_path / f"{ms}.png"), "apng", cfg)
+        assert record["status"] == "ok" and record["codec"] == "apng" and record["num_frames"] == 100
+        assert record["fps"] == 10 and record["duration_s"] == 10.0
+        assert record["shots"] == [[0, 30], [30, 76], [76, 100]] and [c.kept for c in clips] == [True] * 3
+
+
 def test_a_raw_dv_file_is_curated_at_its_frame_rate_not_its_header_s_time_base(bikes, tmp_path):
     """A raw DV file (.dv, as a camcorder's tape is captured): FFmpeg's header of it states a mean
     rate of 60000 frames a second, its time base. The source was taken for 60000 fps and each clip
