@@ -85,14 +85,20 @@ def open_input(source) -> av.container.InputContainer:
     return av.open(source, "r", metadata_errors="replace", options=options)
 
 
-def is_animated_webp(path) -> bool:
-    """Whether `path` is a WebP file with an animation: its extended header (VP8X) says so."""
+def _head(path, size: int) -> bytes:
+    """The first `size` bytes of the file at `path` (fewer in a shorter one); none where it cannot be
+    read: av.open says why."""
     try:
         with open(path, "rb") as f:
-            head = f.read(21)
+            return f.read(size)
     except OSError:
-        return False  # not a file to read: av.open says why
-    return len(head) == 21 and head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X" and bool(head[20] & 0x02)
+        return b""
+
+
+def _is_animated_webp(head: bytes) -> bool:
+    """Whether a file starting with `head` (21 bytes) is a WebP with an animation: its extended
+    header (VP8X) says so."""
+    return len(head) >= 21 and head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X" and bool(head[20] & 0x02)
 
 
 WEBP_IN_MEMORY = 64 << 20  # bytes of an animated WebP's video kept in memory; a larger one goes to a temporary file
@@ -111,6 +117,7 @@ class StandIn:
     WebP that ends before the size its header states, says so."""
 
     file: tempfile.SpooledTemporaryFile
+    codec: str | None = None  # the source's codec in its record (Probe.codec), where not the stand-in's own
     unread: int = 0
     cut_short: str | None = None
 
@@ -175,7 +182,7 @@ def webp_video(path: str) -> StandIn:
     from PIL import Image
 
     out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
-    video, cut_short = StandIn(out), None
+    video, cut_short = StandIn(out, codec=WEBP_CODEC), None
     try:
         source, cut_short = _whole_chunks(path)
         with Image.open(source) as im, av.open(out, "w", format="matroska") as c:
@@ -223,31 +230,17 @@ APNG_OPTIONS = {"default_fps": str(1000 // SHOWN_MS), "max_fps": str(1000 // FAS
 
 
 def is_png(path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(8) == b"\x89PNG\r\n\x1a\n"
-    except OSError:
-        return False
-
-
-def is_gif(path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(6) in (b"GIF87a", b"GIF89a")
-    except OSError:
-        return False
+    return _head(path, 8) == b"\x89PNG\r\n\x1a\n"
 
 
 def retimed_gif(path: str) -> StandIn | None:
     """A GIF whose frames said to last FAST_MS or less last SHOWN_MS, as browsers show them: its
-    packets copied into a NUT file (in memory up to WEBP_IN_MEMORY bytes), timed anew; None for a
-    GIF that has no such frame, or that FFmpeg cannot read (its own errors say why)."""
-    fast = FAST_MS // 10  # a GIF's times are in hundredths of a second
+    packets copied, in one pass, into a NUT file (in memory up to WEBP_IN_MEMORY bytes), timed anew;
+    None for a GIF that has no such frame, or that FFmpeg cannot read (its own errors say why)."""
+    fast, shown_cs = FAST_MS // 10, SHOWN_MS // 10  # a GIF's times are in hundredths of a second
+    out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
+    retimed = False
     try:
-        with av.open(path) as src:
-            if not any(0 < (p.duration or 0) <= fast for p in src.demux(video=0) if p.size):
-                return None
-        out = tempfile.SpooledTemporaryFile(max_size=WEBP_IN_MEMORY)
         with av.open(path) as src, av.open(out, "w", format="nut") as dst:
             stream = src.streams.video[0]
             copy = dst.add_stream_from_template(stream)
@@ -255,21 +248,27 @@ def retimed_gif(path: str) -> StandIn | None:
             for packet in src.demux(stream):
                 if not packet.size:
                     continue
-                shown = SHOWN_MS // 10 if 0 < (packet.duration or 0) <= fast else packet.duration or SHOWN_MS // 10
+                is_fast = 0 < (packet.duration or 0) <= fast
+                retimed |= is_fast
+                shown = shown_cs if is_fast else packet.duration or shown_cs
                 packet.pts = packet.dts = at
                 packet.duration, packet.stream = shown, copy
                 at += shown
                 dst.mux(packet)
     except av.FFmpegError:
+        retimed = False
+    if not retimed:
+        out.close()
         return None
     return StandIn(out)
 
 
 @functools.lru_cache(maxsize=1)
 def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
-    if is_animated_webp(path):
+    head = _head(path, 21)
+    if _is_animated_webp(head):
         return webp_video(path)
-    if is_gif(path):
+    if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
     return None
 
@@ -533,7 +532,7 @@ def probe(path: str) -> Probe:
                 height=height,
                 duration_s=duration,
                 rotation=rotation,
-                codec=WEBP_CODEC if ctx.name == "ffv1" and is_animated_webp(path) else ctx.name,
+                codec=getattr(stand_in(path), "codec", None) or ctx.name,  # an animated WebP's: webp
                 vfr=vfr,
                 filmed_fps=filmed_rate(gaps, fps, nominal) if vfr else fps,
                 pixel_aspect=round(float(aspect), 4),

@@ -423,14 +423,19 @@ class AdaptiveDetector:
         # The windows that fit, overlapping, together: their outer ends the likeliest outside it.
         self._dissolve = (i - n, i) if self._dissolve is None else (min(self._dissolve[0], i - n), i)
 
-    def _way_back(self, s: int, e: int) -> float:
-        """How far the frames from s to e go back on their way from frame s to frame e, at most: each
-        frame's change from frame s projected onto the change from s to e (0 at s, 1 at e), and the
-        largest fall of that below its highest before."""
+    def _ways(self, s: int, e: int) -> tuple[list[int], np.ndarray]:
+        """The frames between s and e at hand, and each one's way from frame s to frame e: its change
+        from frame s projected onto the change from s to e (0 at s, 1 at e)."""
         start = self._grays[s]
         change = (self._grays[e] - start).ravel()
-        way = [float((self._grays[t] - start).ravel() @ change) for t in range(s + 1, e) if t in self._grays]
-        way = np.array(way) / float(change @ change)  # (frames,)
+        frames = [t for t in range(s + 1, e) if t in self._grays]
+        way = np.array([float((self._grays[t] - start).ravel() @ change) for t in frames]) / float(change @ change)
+        return frames, way  # (frames,)
+
+    def _way_back(self, s: int, e: int) -> float:
+        """How far the frames from s to e go back on their way from frame s to frame e, at most (see
+        _ways): the largest fall of a frame's way below the highest before it."""
+        _, way = self._ways(s, e)
         return float((np.maximum.accumulate(way) - way).max()) if len(way) else 0.0
 
     def _take_dissolve(self) -> None:
@@ -447,11 +452,8 @@ class AdaptiveDetector:
         out = self.dissolve_frames[0]
         s = next(t for t in range(s - out, s + 1) if t in self._grays)
         e = next(t for t in range(e + out, e - 1, -1) if t in self._grays)
-        start = self._grays[s]
-        change = (self._grays[e] - start).ravel()
-        norm = float(change @ change)
-        inside = [t for t in range(s + 1, e)
-                  if t in self._grays and 0.05 < float((self._grays[t] - start).ravel() @ change) / norm < 0.95]
+        frames, way = self._ways(s, e)
+        inside = [t for t, w in zip(frames, way, strict=True) if 0.05 < w < 0.95]
         if not inside:
             return
         first, end = max(0, inside[0] - 1), inside[-1] + 2
