@@ -30,14 +30,29 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def results_by_world(tmp_path_factory):
+    """Each world size's layouts, run in one process group: {world: [each rank's {name: result}]},
+    started on first use."""
+    found = {}
+
+    def results(world: int) -> list[dict]:
+        if world not in found:
+            tmp = tmp_path_factory.mktemp(f"world{world}")
+            layouts = {name: layout for name, (w, layout) in LAYOUTS.items() if w == world}
+            args = (world, layouts, str(tmp / "rendezvous"), str(tmp / "results.json"))
+            mp.start_processes(parallel_equality_worker, args=args, nprocs=world, join=True, start_method="spawn")
+            found[world] = json.loads((tmp / "results.json").read_text())
+        return found[world]
+
+    return results
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_parallel_forward_gradients_and_20_step_loss_curve_equal_one_device(name, tmp_path):
-    world, layout = LAYOUTS[name]
-    out = tmp_path / "result.json"
-    args = (world, layout, str(tmp_path / "rendezvous"), str(out))
-    mp.start_processes(parallel_equality_worker, args=args, nprocs=world,
-                       join=True, start_method="spawn")
-    for rank, result in enumerate(json.loads(out.read_text())):
+def test_parallel_forward_gradients_and_20_step_loss_curve_equal_one_device(name, results_by_world):
+    world, _ = LAYOUTS[name]
+    by_rank = [ranks[name] for ranks in results_by_world(world)]
+    for rank, result in enumerate(by_rank):
         assert result["out"] <= 1e-5, (rank, result["out"])
         worst = max(result["grads"].items(), key=lambda kv: kv[1])
         assert worst[1] <= 1e-5, (rank, worst)

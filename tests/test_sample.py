@@ -130,16 +130,30 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def latents_by_world(export, tmp_path_factory):
+    """Each world size's layouts, sampled in one process group (starting the processes costs more
+    than sampling): {world: [each rank's {name: latents}]}, started on first use."""
+    found = {}
+
+    def latents(world: int) -> list[dict]:
+        if world not in found:
+            tmp = tmp_path_factory.mktemp(f"world{world}")
+            layouts = {name: {**layout, "requests": REQUESTS} for name, (w, layout) in LAYOUTS.items() if w == world}
+            mp.start_processes(sampling_rank_worker, nprocs=world, join=True, start_method="spawn",
+                               args=(world, str(export), layouts, str(tmp / "rdzv"), str(tmp / "latents.json")))
+            found[world] = json.loads((tmp / "latents.json").read_text())
+        return found[world]
+
+    return latents
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_parallel_sampling_equals_one_process(name, export, pipe, tmp_path):
-    world, layout = LAYOUTS[name]
-    layout = {**layout, "requests": REQUESTS}
-    out = tmp_path / "latents.json"
-    mp.start_processes(sampling_rank_worker, args=(world, str(export), layout, str(tmp_path / "rdzv"), str(out)),
-                       nprocs=world, join=True, start_method="spawn")
+def test_parallel_sampling_equals_one_process(name, latents_by_world, pipe):
+    world, _ = LAYOUTS[name]
     single = pipe.sample_latents([Request(**r) for r in REQUESTS])
-    for rank, latents in enumerate(json.loads(out.read_text())):
-        diff = (torch.tensor(latents) - single).abs().max().item()
+    for rank, by_name in enumerate(latents_by_world(world)):
+        diff = (torch.tensor(by_name[name]) - single).abs().max().item()
         assert diff <= 1e-4, (rank, diff)
 
 

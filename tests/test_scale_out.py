@@ -118,8 +118,9 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
+    """One cluster for the module's tests (a start costs 15 s): the last of them kills its worker node."""
     c = RayCluster()
     try:
         yield c.start()

@@ -141,6 +141,8 @@ def test_one_process_writes_metrics_tensorboard_plot_checkpoints_and_exports(one
 
 
 def test_kill_9_mid_training_then_resume_repeats_the_uninterrupted_losses(shards, tmp_path):
+    """FSDP2 over 2 processes: killed mid-run and resumed, the same losses bit for bit as a whole run;
+    the whole run's last checkpoint loads into one process (reshards)."""
     args = ["num_steps=8", "checkpoint.every_steps=2", "parallel=fsdp2"]
     whole = tmp_path / "whole"
     r = train(2, overrides(whole, shards, *args))
@@ -162,6 +164,8 @@ def test_kill_9_mid_training_then_resume_repeats_the_uninterrupted_losses(shards
     for step in range(resume_step + 1, 9):
         assert got[step] == expected[step], (step, got[step], expected[step])  # bit-exact
 
+    assert_reshards_to_one_process(find_latest(whole / "checkpoints"), shards, tmp_path)
+
 
 def test_sigterm_writes_a_checkpoint_that_resumes_and_reshards_to_one_process(shards, tmp_path):
     run_dir = tmp_path / "run"
@@ -182,13 +186,6 @@ def test_sigterm_writes_a_checkpoint_that_resumes_and_reshards_to_one_process(sh
     assert max(losses(run_dir)) == step + 2
 
     assert_reshards_to_one_process(saved, shards, tmp_path)
-
-
-def test_fsdp_checkpoint_reshards_to_one_process(shards, tmp_path):
-    run_dir = tmp_path / "run"
-    r = train(2, overrides(run_dir, shards, "num_steps=2", "checkpoint.every_steps=2", "parallel=fsdp2"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert_reshards_to_one_process(find_latest(run_dir / "checkpoints"), shards, tmp_path)
 
 
 def assert_reshards_to_one_process(checkpoint: Path, shards: str, tmp_path: Path) -> None:

@@ -418,9 +418,27 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
     _finish_rank(batches, world, rank, out)
 
 
-def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: str, out: str) -> None:
-    """One rank: the same weights as a single-device model, parallelized by `layout`; forward output
-    and every parameter gradient compared with the single-device model's, written by rank 0."""
+def parallel_equality_worker(rank: int, world: int, layouts: dict[str, dict], rendezvous: str, out: str) -> None:
+    """One rank of one process group that tries every layout in `layouts` in turn (one group, not one
+    per layout: starting `world` processes costs more than a layout's work). Rank 0 writes each rank's
+    `{name: result}` into `out`, a list by rank; see _layout_equality."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # several ranks share the machine's cores
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    results = {}
+    for name, layout in layouts.items():
+        try:
+            results[name] = _layout_equality(layout, world)
+        except Exception as e:  # name the layout; the group cannot go on after a rank's failure
+            raise RuntimeError(f"layout {name} failed on rank {rank}") from e
+    _finish_rank(results, world, rank, out)
+
+
+def _layout_equality(layout: dict, world: int) -> dict:
+    """The same weights as a single-device model, parallelized by `layout`: forward output and every
+    parameter gradient compared with the single-device model's, then 20 AdamW steps on both."""
     import copy
 
     import torch
@@ -430,8 +448,6 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
     from train.parallel_dims import ParallelDims
     from train.parallelize import parallelize, sync_gradients
 
-    torch.set_num_threads(1)  # several ranks share the machine's cores
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
     ref = build("debug", num_heads=4, hidden_size=64, **layout.get("model", {}))
     g = torch.Generator().manual_seed(1)
@@ -490,7 +506,7 @@ def parallel_equality_worker(rank: int, world: int, layout: dict, rendezvous: st
         curves[0].append(loss_ref.item())
         curves[1].append(total.item() / (world // dp) / dp)
     result["curve_ref"], result["curve_par"] = curves
-    _finish_rank(result, world, rank, out)
+    return result
 
 
 def write_export(folder: Path, seed: int = 0) -> Path:
@@ -514,8 +530,10 @@ def write_export(folder: Path, seed: int = 0) -> Path:
     return save_export(model, folder, info)
 
 
-def sampling_rank_worker(rank: int, world: int, export: str, layout: dict, rendezvous: str, out: str) -> None:
-    """One rank of parallel sampling (CFG-parallel and/or cp) over gloo; every rank's final latents."""
+def sampling_rank_worker(rank: int, world: int, export: str, layouts: dict[str, dict], rendezvous: str,
+                         out: str) -> None:
+    """One rank of parallel sampling (CFG-parallel and/or cp) over gloo, each of `layouts` in turn in
+    one process group: rank 0 writes each rank's {name: final latents}."""
     import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -525,13 +543,15 @@ def sampling_rank_worker(rank: int, world: int, export: str, layout: dict, rende
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    parallel = OmegaConf.create({"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": layout.get("cp", 1),
-                                 "cp_kind": layout.get("cp_kind", "ulysses")})
-    pipe = VideoPipeline.from_export(export)
-    init_parallel(pipe, sampling_dims(parallel, layout.get("cfg_parallel", False), world))
-    requests = [Request(**r) for r in layout["requests"]]
-    latents = pipe.sample_latents(requests)
-    _finish_rank(latents.tolist(), world, rank, out)
+    results = {}
+    for name, layout in layouts.items():
+        parallel = OmegaConf.create({"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": layout.get("cp", 1),
+                                     "cp_kind": layout.get("cp_kind", "ulysses")})
+        pipe = VideoPipeline.from_export(export)
+        init_parallel(pipe, sampling_dims(parallel, layout.get("cfg_parallel", False), world))
+        requests = [Request(**r) for r in layout["requests"]]
+        results[name] = pipe.sample_latents(requests).tolist()
+    _finish_rank(results, world, rank, out)
 
 
 def loaded(module: str) -> bool:
