@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -382,6 +383,18 @@ def test_a_one_frame_a_second_slideshow_of_a_film_starts_no_shot_inside_a_shot(b
         assert set(found) <= cuts, (offset, found, cuts)
         found_any |= bool(found)
     assert found_any  # 2 of 4 cuts, 3 of 4 and 2 of 4 measured
+
+
+def test_a_frame_a_minute_makes_no_one_frame_clips(bikes, tmp_path):
+    """A timelapse camera's frame a minute: each frame lasts longer than clips.min_s, and every clip
+    of one frame is dropped as a picture (it was called `static`: one frame has no motion)."""
+    path = tmp_path / "minute.mp4"
+    _encode(path, bikes_frames(bikes)[0:250:25], fps=Fraction(1, 60))
+    record, clips = process_source(str(path), "minute", conf.compose("curate", ["input=x", "output=y"]))
+    assert record["status"] == "ok" and clips, record
+    one_frame = [c for c in clips if c.end_frame - c.start_frame == 1]
+    assert one_frame and all(not c.kept for c in one_frame)
+    assert all(c.reason == "too_few_frames: 1 frame of 60.00s: a still picture, not a video" for c in one_frame)
 
 
 def test_filters_drop_with_reasons(curated, corpus):

@@ -457,10 +457,15 @@ def niqe_of(lumas: list[np.ndarray]) -> float | None:
     return round(float(np.mean(values)), 3) if values else None
 
 
-def filter_reason(scores: dict, duration: float, width: int, height: int, clips_cfg, cfg) -> str | None:
-    """Why a clip of `duration` seconds is dropped, or None to keep it."""
+def filter_reason(scores: dict, duration: float, num_frames: int, width: int, height: int, clips_cfg,
+                  cfg) -> str | None:
+    """Why a clip of `duration` seconds and `num_frames` source frames is dropped, or None to keep it."""
     if duration < clips_cfg.min_s:
         return f"too_short: {duration:.2f}s < clips.min_s={clips_cfg.min_s}"
+    # A source of a frame a minute (a timelapse camera's) makes clips of one frame that last long
+    # enough: a picture, not a video, and one frame shows no motion to measure.
+    if num_frames < 2:
+        return f"too_few_frames: {num_frames} frame of {duration:.2f}s: a still picture, not a video"
     if min(width, height) < cfg.min_short_side:
         return f"low_resolution: short side {min(width, height)} < filters.min_short_side={cfg.min_short_side}"
     aspect = max(width, height) / min(width, height)

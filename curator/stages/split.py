@@ -268,7 +268,7 @@ class _Splitter:
         # is too long where the file has a pause in it), else the rate's.
         t_end = t_last + ((t_last - t_start) / (len(frames) - 1) if uneven else 1 / self.fps)
         duration = t_end - t_start if uneven else len(frames) / self.fps
-        reason = score.filter_reason(scores, duration, w, h, self.cfg.clips, self.cfg.filters)
+        reason = score.filter_reason(scores, duration, len(frames), w, h, self.cfg.clips, self.cfg.filters)
         stretched = sum(f.stretched for f in frames)
         if damaged:
             reason = "damaged: decoded from a corrupt stretch of the source (lost or concealed data)"
