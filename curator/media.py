@@ -549,9 +549,35 @@ def probe(path: str) -> Probe:
         if isinstance(e, av.InvalidDataError) and top_level_boxes(path)[-1:] == ["mdat"]:
             raise MediaError("cannot read video: an MP4/MOV cut off in its media data, before the index (moov box) "
                              "that comes after it: an interrupted recording or download") from e
-        raise MediaError(f"cannot read video: {ffmpeg_message(e, path)}") from e
+        said = isinstance(e, av.InvalidDataError) and text_file_kind(_head(path, 2048))
+        raise MediaError(f"cannot read video: {said or ffmpeg_message(e, path)}") from e
     except (OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
+
+
+def text_file_kind(head: bytes) -> str | None:
+    """What a file that starts with `head` is, where it is text and no video: a web page (a download
+    that saved an error or sign-in page in the video's place), or other text, with how it begins;
+    None for a binary file."""
+    import codecs
+    import html
+    import re
+
+    head = head.removeprefix(codecs.BOM_UTF8)
+    try:  # the last character may be cut in two
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return None
+    if not text.strip() or any(not (c.isprintable() or c in "\t\r\n") for c in text):
+        return None
+    if re.match(r"\s*<(!doctype\s+html|html|head|body)\b", text, re.IGNORECASE):
+        title = re.search(r"<title[^>]*>([^<]*)", text, re.IGNORECASE)
+        named = " ".join(html.unescape(title[1]).split())[:80] if title else ""
+        return ("a web page, not a video (a download that saved an error or sign-in page in its place)"
+                + (f", titled {named!r}" if named else ""))
+    words = " ".join(text.split())
+    begins = words if len(words) <= 60 else words[:60].rstrip() + "..."
+    return f"a text file, not a video; it begins {begins!r}"
 
 
 def top_level_boxes(path: str, limit: int = 64) -> list[str]:

@@ -617,7 +617,7 @@ def _curate(cfg: DictConfig, sources: list[str], out: OutputDir, t_start: float,
     out.close()
     summary = summarize(out, cfg, time.perf_counter() - t_start, ray_s)
     out.write_summary(summary)
-    log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['ok']} inputs "
+    log(f"done: {summary['kept']} clips kept of {summary['clips']} from {summary['inputs']} inputs "
         f"({summary['errors']} errors) in {len(summary['shards'])} shards; {out.root / 'summary.json'}")
     return summary
 

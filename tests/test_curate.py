@@ -94,6 +94,10 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
             assert "Errno" not in r["error"] and r["source"] not in r["error"], r["error"]
     assert "no video stream" in records["audio_only.mp4"]["error"]
     assert records["random.mp4"]["error"] == "cannot read video: Invalid data found when processing input"
+    assert records["not_a_video.mp4"]["error"] == ("cannot read video: a text file, not a video; it begins "
+                                                   "'this is not a video this is not a video this is not a video...'")
+    assert records["error_page.mp4"]["error"] == ("cannot read video: a web page, not a video (a download that saved "
+                                                  "an error or sign-in page in its place), titled '403 Forbidden'")
     assert records["truncated.mp4"]["error"] == ("cannot read video: an MP4/MOV cut off in its media data, before "
                                                  "the index (moov box) that comes after it: an interrupted recording "
                                                  "or download")
@@ -106,6 +110,9 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
     assert records["song_with_cover.mp4"]["error"] == "no video stream (only a cover picture)"
     assert summary["inputs"] == len(records)
     assert summary["errors"] == sum(r["status"] == "error" for r in records.values())
+    done = out.with_suffix(".log").read_text().splitlines()[-1]  # of all inputs, not of those curated
+    assert done.startswith(f"done: {summary['kept']} clips kept of {summary['clips']} from {len(records)} inputs "
+                           f"({summary['errors']} errors) in "), done
     # A warning shows in the source's log line as it is done, and the summary counts them.
     warned = {name for name, r in records.items() if r["status"] == "ok" and r["warning"]}
     assert {"damaged.mp4", "size_change.ts"} <= warned and summary["warnings"] == len(warned)

@@ -182,6 +182,8 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "zero.mp4").write_bytes(b"")
     (d / "random.mp4").write_bytes(random.Random(1).randbytes(50_000))
     (d / "not_a_video.mp4").write_text("this is not a video\n" * 100)
+    (d / "error_page.mp4").write_text("<!DOCTYPE html>\n<html><head><title>403 Forbidden</title></head>"
+                                      "<body><h1>403 Forbidden</h1></body></html>\n")  # a failed download
     (d / "truncated.mp4").write_bytes(data[: len(data) * 6 // 10])
     # A download cut off just after the header of a web-ready mp4 (index first, then the frames).
     _encode(d / "header_only.mp4", _moving(24, 64, 96, 13), container_options={"movflags": "+faststart"})
@@ -272,7 +274,8 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     damaged[packets[40][0] + 4] = 0xFF  # after the 4-byte NAL length: forbidden bit set
     assert not packets[40][1]
     (d / "damaged.mp4").write_bytes(bytes(damaged))
-    return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "truncated.mp4": "error",
+    return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "error_page.mp4": "error",
+            "truncated.mp4": "error",
             "header_only.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
