@@ -459,7 +459,15 @@ def stated_duration(container, stream) -> float:
     stream's own, else the DURATION tag that FFmpeg and mkvmerge write for each stream of a
     Matroska file, else the container's where the video is its only stream (otherwise the
     container's is its longest stream's, which can be the audio). An index or header written
-    before the media data outlives a download or copy cut short, and so does this."""
+    before the media data outlives a download or copy cut short, and so does this.
+
+    An AVI cut short has lost its index, which comes last, and FFmpeg then puts the stream's
+    duration at the file's size over the bit rate the header states: about what is left, so it would
+    never show the cut. Its header's frame count, written when the recording ended, still states the
+    whole (an MP4's count is no such statement: it holds the frames an edit list leaves out)."""
+    rate = _rate(stream.average_rate or stream.base_rate)
+    if container.format.name == "avi" and stream.frames and rate:
+        return max(stream.frames / rate, float(stream.duration * stream.time_base) if stream.duration else 0.0)
     if stream.duration:
         return float(stream.duration * stream.time_base)
     try:

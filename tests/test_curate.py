@@ -1215,22 +1215,30 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
     """A Matroska file cut in two (an interrupted download or copy) decodes without an error up to
     its cut: its header, at the front, still states the whole duration. Its record was an `ok` with
     half the frames and no word of it; an MP4 whose index points past the file's end is the same.
-    Whole files, an MP4 trimmed by its edit list among them, get no such warning."""
+    An AVI cut short loses its index, at the end, and FFmpeg then states the length of what is left:
+    its header's frame count tells the cut. Whole files, an MP4 trimmed by its edit list and an AVI
+    with a gap among them, get no such warning."""
     frames = list(bikes_frames(bikes))[:100]  # 4 s at 25 fps
     _encode(tmp_path / "whole.mkv", frames, fps=25)
     data = (tmp_path / "whole.mkv").read_bytes()
     (tmp_path / "half.mkv").write_bytes(data[: len(data) // 2])
+    _encode(tmp_path / "whole.avi", frames, fps=25, codec="mpeg4")
+    data = (tmp_path / "whole.avi").read_bytes()
+    (tmp_path / "half.avi").write_bytes(data[: len(data) // 2])
+    _encode(tmp_path / "gap.avi", frames[:40] + frames[70:], fps=25, codec="mpeg4",  # a capture that lost 30 frames
+            pts=[*range(40), *range(70, 100)], time_base=Fraction(1, 25))
     _encode(tmp_path / "whole.mp4", frames, fps=25, container_options={"movflags": "+faststart"})
     _remuxed_from(tmp_path / "whole.mp4", tmp_path / "trimmed.mp4", start_s=1)  # an edit list: 3 s stated and shown
     cfg = _cfg(tmp_path, tmp_path / "out")
     records = {name: process_source(str(tmp_path / name), name, cfg)[0]
-               for name in ("whole.mkv", "half.mkv", "whole.mp4", "trimmed.mp4")}
-    half = records.pop("half.mkv")
-    assert half["status"] == "ok" and 20 < half["num_frames"] < 80
-    assert re.search(r"decoding ended at \d\.\d\d s of the 4\.00 s the header states: the file may be cut short",
-                     half["warning"])
+               for name in ("whole.mkv", "half.mkv", "whole.mp4", "trimmed.mp4", "whole.avi", "half.avi", "gap.avi")}
+    for half in (records.pop("half.mkv"), records.pop("half.avi")):
+        assert half["status"] == "ok" and 20 < half["num_frames"] < 80
+        assert re.search(r"decoding ended at \d\.\d\d s of the 4\.00 s the header states: the file may be cut short",
+                         half["warning"]), half["warning"]
     assert all("cut short" not in (r["warning"] or "") for r in records.values()), records
-    assert records["whole.mkv"]["num_frames"] == records["whole.mp4"]["num_frames"] == 100
+    assert [records[f"whole.{ext}"]["num_frames"] for ext in ("mkv", "mp4", "avi")] == [100, 100, 100]
+    assert records["gap.avi"]["num_frames"] == 70 and records["gap.avi"]["duration_s"] == 4.0
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])
