@@ -122,7 +122,11 @@ class Timeline:
     clock that restarts (recordings joined end to end, as broadcast .ts segments often are) goes on
     counting from the frame before. A jump, forward by more than `max_gap_s` (a pause in the
     recording, a camera that records on motion) or back by more than that, is a break: no clip
-    spans one, or it would freeze on a frame for the gap, or play two stretches of time as one."""
+    spans one, or it would freeze on a frame for the gap, or play two stretches of time as one.
+    At damaged frames the clock is not restarted: a jump forward is frames lost to the damage (the
+    record's warning counts those), a break not told as a jump; a jump back is a stale frame that
+    the decoder gives out after the loss, kept in order. (Restarting the clock there put every
+    later frame of a file with a zeroed stretch seconds late.)"""
 
     def __init__(self, fps: float):
         self.step = 1.0 / fps
@@ -130,7 +134,8 @@ class Timeline:
         self.prev: float | None = None
         self.offset = 0.0  # added after each restart of the clock
         self.break_at: set[int] = set()  # the first frame after each break
-        self.first_break: tuple[int, float] | None = None  # (that frame, the jump in s)
+        self.jumps = 0  # breaks of the clock's own
+        self.first_break: tuple[int, float] | None = None  # (the first's frame, the jump in s)
 
     def __call__(self, frame: media.DecodedFrame) -> None:
         """Set `frame.time_s` on this timeline."""
@@ -138,13 +143,17 @@ class Timeline:
         t = raw + self.offset
         if self.prev is not None:
             jump = t - self.prev
+            if jump < 0 and frame.damaged:
+                jump = 0.0  # a stale frame out of the decoder after lost data: kept in order, as below
             if abs(jump) > self.max_gap_s:
                 self.break_at.add(frame.index)
-                self.first_break = self.first_break or (frame.index, jump)
+                if not frame.damaged:
+                    self.jumps += 1
+                    self.first_break = self.first_break or (frame.index, jump)
             if jump < -self.max_gap_s:
                 self.offset += self.prev + self.step - t
                 t = self.prev + self.step
-            elif jump < 0:  # a frame a little out of order: not a break, kept in order
+            elif t < self.prev:  # a frame a little out of order: not a break, kept in order
                 t = self.prev
         frame.time_s = self.prev = t
 
@@ -152,7 +161,7 @@ class Timeline:
         if self.first_break is None:
             return None
         index, jump = self.first_break
-        return (f"the stream's clock jumps at {len(self.break_at)} point(s), first by {jump:+.2f} s at frame "
+        return (f"the stream's clock jumps at {self.jumps} point(s), first by {jump:+.2f} s at frame "
                 f"{index}: clips stop at each jump")
 
 
