@@ -1241,20 +1241,28 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
     assert records["gap.avi"]["num_frames"] == 70 and records["gap.avi"]["duration_s"] == 4.0
 
 
-def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tmp_path):
-    """64 KiB of zeros a third of the way into bikes.mp4 (a bad sector, a hole left by a download
-    tool): the decoder rejects the packets there, then gives out stale frames out of order (4.6 s,
-    then 3.4 s). The clock was restarted at each such step back, so every later clip's times came out
-    more than a second late (11.28 s for the 10 s source) and the warning spoke of a jumping clock."""
-    _encode(tmp_path / "whole.mp4", list(bikes_frames(bikes)), fps=25)
-    data = bytearray((tmp_path / "whole.mp4").read_bytes())
-    data[len(data) // 3: len(data) // 3 + 65536] = bytes(65536)
-    (tmp_path / "zeroed.mp4").write_bytes(bytes(data))
-    record, clips = process_source(str(tmp_path / "zeroed.mp4"), "zeroed", _cfg(tmp_path, tmp_path / "out"))
-    assert record["duration_s"] == 10.0 and "clock" not in record["warning"], record["warning"]
-    assert record["warning"].startswith("damaged stream: ")
-    # The clean clips start a frame after bikes' cuts at 30, 137 and 187 (their times at 25 fps).
-    assert [c.start_s for c in clips if c.kept] == [0.0, 31 / 25, 138 / 25, 188 / 25]
+@pytest.mark.parametrize("ext, at, clock, kept_from", [
+    ("mp4", 1 / 3, None, [0, 31, 138, 188]),
+    ("ts", 0.6, "the stream's clock jumps at 1 point(s), first by +1.28 s at frame 141: clips stop at each jump",
+     [0, 31, 77, 188]),
+])
+def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tmp_path, ext, at, clock, kept_from):
+    """64 KiB of zeros in bikes.mp4's stream (a bad sector, a hole left by a download tool): the
+    decoder then gives out stale frames out of order (4.6 s, then 3.4 s), marked damaged in the MP4;
+    unmarked in the .ts, whose demuxer drops the zeros itself (and its lost frames read as a pause).
+    The clock was restarted at each such step back, so every later clip's times came out more than
+    a second late (11.28 s for the 10 s source)."""
+    _encode(tmp_path / f"whole.{ext}", list(bikes_frames(bikes)), fps=25)
+    data = bytearray((tmp_path / f"whole.{ext}").read_bytes())
+    at = int(len(data) * at) // 188 * 188  # on a .ts packet's boundary
+    data[at: at + 65536] = bytes(65536)
+    (tmp_path / f"zeroed.{ext}").write_bytes(bytes(data))
+    record, clips = process_source(str(tmp_path / f"zeroed.{ext}"), "zeroed", _cfg(tmp_path, tmp_path / "out"))
+    assert record["duration_s"] == 10.0, record["warning"]
+    said = record["warning"].split("; ")
+    assert said[:-1] == ([clock] if clock else []) and said[-1].startswith("damaged stream: "), said
+    # The clean clips start a frame after one of bikes' cuts at 30, 76, 137 and 187 (their times at 25 fps).
+    assert [c.start_s for c in clips if c.kept] == [i / 25 for i in kept_from]
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])

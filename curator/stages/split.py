@@ -126,7 +126,11 @@ class Timeline:
     At damaged frames the clock is not restarted: a jump forward is frames lost to the damage (the
     record's warning counts those), a break not told as a jump; a jump back is a stale frame that
     the decoder gives out after the loss, kept in order. (Restarting the clock there put every
-    later frame of a file with a zeroed stretch seconds late.)"""
+    later frame of a file with a zeroed stretch seconds late.) Nor is it restarted where, within
+    STALE_FRAMES of the step back, the old clock goes on past where it was: such stale frames come
+    out unmarked too, where the demuxer dropped the lost data itself (a .ts stream's)."""
+
+    STALE_FRAMES = 4
 
     def __init__(self, fps: float):
         self.step = 1.0 / fps
@@ -136,15 +140,22 @@ class Timeline:
         self.break_at: set[int] = set()  # the first frame after each break
         self.jumps = 0  # breaks of the clock's own
         self.first_break: tuple[int, float] | None = None  # (the first's frame, the jump in s)
+        self.restart: tuple | None = None  # the last: (its frame, the old clock's latest time, the state before)
 
     def __call__(self, frame: media.DecodedFrame) -> None:
         """Set `frame.time_s` on this timeline."""
         raw = frame.time_s if frame.time_s is not None else frame.index * self.step
+        if self.restart is not None and frame.index - self.restart[0] <= self.STALE_FRAMES \
+                and raw > self.restart[1]:  # the old clock goes on: the step back was a stale frame
+            self.offset, self.jumps, self.first_break = self.restart[2]
+            self.restart = None
         t = raw + self.offset
         if self.prev is not None:
             jump = t - self.prev
             if jump < 0 and frame.damaged:
                 jump = 0.0  # a stale frame out of the decoder after lost data: kept in order, as below
+            if jump < -self.max_gap_s:
+                self.restart = (frame.index, self.prev - self.offset, (self.offset, self.jumps, self.first_break))
             if abs(jump) > self.max_gap_s:
                 self.break_at.add(frame.index)
                 if not frame.damaged:
