@@ -555,6 +555,10 @@ def probe(path: str) -> Probe:
         raise
     except av.FFmpegError as e:
         if isinstance(e, av.InvalidDataError) and top_level_boxes(path)[-1:] == ["mdat"]:
+            if index_at_end(path):
+                raise MediaError("cannot read video: an MP4/MOV whose media data does not end where its header says, "
+                                 "so the index (moov box) at the file's end cannot be reached: bytes were lost from "
+                                 "or added to its middle (a damaged copy)") from e
             raise MediaError("cannot read video: an MP4/MOV cut off in its media data, before the index (moov box) "
                              "that comes after it: an interrupted recording or download") from e
         said = isinstance(e, av.InvalidDataError) and text_file_kind(_head(path, 2048))
@@ -586,6 +590,24 @@ def text_file_kind(head: bytes) -> str | None:
     words = " ".join(text.split())
     begins = words if len(words) <= 60 else words[:60].rstrip() + "..."
     return f"a text file, not a video; it begins {begins!r}"
+
+
+def index_at_end(path: str, tail: int = 64 << 20) -> bool:
+    """Whether an ISO media file ends with its index, a moov box that runs to the last byte (looked
+    for in its last `tail` bytes; a two-hour recording's index is about 20 MB)."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            start = f.seek(max(0, end - tail))
+            data = f.read()
+    except OSError:
+        return False
+    at = data.rfind(b"moov")
+    while at >= 4:
+        if start + at - 4 + int.from_bytes(data[at - 4:at], "big") == end:
+            return True
+        at = data.rfind(b"moov", 0, at)
+    return False
 
 
 def top_level_boxes(path: str, limit: int = 64) -> list[str]:

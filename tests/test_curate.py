@@ -101,6 +101,9 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
     assert records["truncated.mp4"]["error"] == ("cannot read video: an MP4/MOV cut off in its media data, before "
                                                  "the index (moov box) that comes after it: an interrupted recording "
                                                  "or download")
+    assert records["bytes_lost.mp4"]["error"] == (
+        "cannot read video: an MP4/MOV whose media data does not end where its header says, so the index (moov box) "
+        "at the file's end cannot be reached: bytes were lost from or added to its middle (a damaged copy)")
     assert records["no_parameter_sets.h264"]["error"].startswith(
         "no decodable video frame (h264 stream, the decoder rejected its first 1")
     assert records["no_parameter_sets.h264"]["error"].endswith(" packets, key frames among them)")

@@ -185,6 +185,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     (d / "error_page.mp4").write_text("<!DOCTYPE html>\n<html><head><title>403 Forbidden</title></head>"
                                       "<body><h1>403 Forbidden</h1></body></html>\n")  # a failed download
     (d / "truncated.mp4").write_bytes(data[: len(data) * 6 // 10])
+    (d / "bytes_lost.mp4").write_bytes(data[: len(data) // 4] + data[len(data) // 4 + 1000:])  # a damaged copy
     # A download cut off just after the header of a web-ready mp4 (index first, then the frames).
     _encode(d / "header_only.mp4", _moving(24, 64, 96, 13), container_options={"movflags": "+faststart"})
     head = (d / "header_only.mp4").read_bytes()
@@ -275,7 +276,7 @@ def write_bad_and_odd_inputs(d: Path, good: Path) -> dict[str, str]:
     assert not packets[40][1]
     (d / "damaged.mp4").write_bytes(bytes(damaged))
     return {"zero.mp4": "error", "random.mp4": "error", "not_a_video.mp4": "error", "error_page.mp4": "error",
-            "truncated.mp4": "error",
+            "truncated.mp4": "error", "bytes_lost.mp4": "error",
             "header_only.mp4": "error",
             "bitflip.mp4": "any", "audio_only.mp4": "error", "song_with_cover.mp4": "error",
             "one_frame.mp4": "ok", "odd_size.mp4": "ok", "strip.mp4": "ok",
