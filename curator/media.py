@@ -561,20 +561,27 @@ def probe(path: str) -> Probe:
                                  "or added to its middle (a damaged copy)") from e
             raise MediaError("cannot read video: an MP4/MOV cut off in its media data, before the index (moov box) "
                              "that comes after it: an interrupted recording or download") from e
-        said = isinstance(e, av.InvalidDataError) and text_file_kind(_head(path, 2048))
+        said = isinstance(e, av.InvalidDataError) and not_a_video_kind(_head(path, 2048))
         raise MediaError(f"cannot read video: {said or ffmpeg_message(e, path)}") from e
     except (OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
 
 
-def text_file_kind(head: bytes) -> str | None:
-    """What a file that starts with `head` is, where it is text and no video: a web page (a download
-    that saved an error or sign-in page in the video's place), or other text, with how it begins;
-    None for a binary file."""
+APPLE_DOUBLE = b"\x00\x05\x16\x07"  # the magic number of the `._name` files a Mac writes beside a file it copies
+
+
+def not_a_video_kind(head: bytes) -> str | None:
+    """What a file that starts with `head` is, where FFmpeg finds no media in it and it is one of the
+    files that commonly stand where a video was looked for: the `._clip.mp4` a Mac copies beside
+    `clip.mp4` (its metadata), a web page (a download that saved an error or sign-in page in the
+    video's place), or other text, with how it begins. None for anything else."""
     import codecs
     import html
     import re
 
+    if head.startswith(APPLE_DOUBLE):
+        return ("a Mac's metadata file (AppleDouble, the `._` file a Mac writes beside each file it copies), "
+                "not a video")
     head = head.removeprefix(codecs.BOM_UTF8)
     try:  # the last character may be cut in two
         text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
