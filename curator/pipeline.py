@@ -585,6 +585,14 @@ def curate(cfg: DictConfig, log=_print) -> dict | None:
     t_start = time.perf_counter()
     validate(cfg)
     sources = discover(cfg.input)
+    # An output inside the input folder (input=data output=data/curated): what the run writes there
+    # is no input, such as the clips a killed run left in its spool, which the output's opening removes.
+    output = Path(cfg.output).expanduser().resolve()
+    if inside := [s for s in sources if Path(s).is_relative_to(output)]:
+        sources = [s for s in sources if s not in set(inside)]
+        log(f"skipping {len(inside)} file(s) under the output folder {cfg.output}: the run's own, not inputs")
+        if not sources:
+            raise FileNotFoundError(f"input={cfg.input!r}: no video files outside the output folder")
     out = OutputDir(cfg.output, cfg.writer.samples_per_shard, cfg.dedup.max_hamming if cfg.dedup.enabled else None)
     if not out.locked:
         log(f"warning: {cfg.output} is on a filesystem without file locks: nothing stops a second run from "

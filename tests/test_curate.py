@@ -994,6 +994,22 @@ for _ in range(2):
         assert waited.total_seconds() < 0.9, (logs, waited)  # a missed first try: 1.0 s
 
 
+def test_an_output_inside_the_input_folder_is_not_curated_as_input(synth_corpus, ray_local, tmp_path):
+    """input=data output=data/curated: a clip a killed run left in the output's spool was found as
+    an input, then removed as the output opened, and got an error record of its own."""
+    media_dir, _ = synth_corpus
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(media_dir / "fade.mp4", data / "fade.mp4")
+    left = data / "curated" / ".state" / "spool" / "0123abcd" / "fade_0123"
+    left.mkdir(parents=True)
+    shutil.copy(media_dir / "fade.mp4", left / "fade_0123-0000.mp4")  # as a kill -9 leaves it
+    lines = []
+    curate(_cfg(data, data / "curated"), log=lines.append)
+    assert [r["source"] for r in read_jsonl(data / "curated" / "manifest.jsonl")] == [str(data / "fade.mp4")]
+    assert f"skipping 1 file(s) under the output folder {data / 'curated'}: the run's own, not inputs" in lines
+
+
 def test_same_inputs_same_clips_keys_and_bytes(curated, corpus, tmp_path):
     """Another run, on another layout (one worker with every core instead of two with one each),
     gives the same clips and keys and byte-identical samples."""
