@@ -201,7 +201,7 @@ def _work(path: str, cfg_dict: dict, boundaries: dict | None = None,
     try:
         sha = content_hash(path)
     except OSError as e:
-        return _error(path, f"cannot read file: {e}"), [], []
+        return _error(path, f"cannot read file: {e.strerror or e}"), [], []  # the record names the path
     sid = source_id(path, sha)
     try:
         record, clips = process_source(path, sid, cfg, boundaries, spool)

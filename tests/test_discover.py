@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from curator.stages.discover import content_hash, discover, largest_first, source_id
 
@@ -141,3 +142,27 @@ def test_a_macs_metadata_file_is_skipped_in_a_folder_and_named_as_such_in_a_list
         media.probe(str(tmp_path / "._clip.mp4"))
     assert str(e.value) == ("cannot read video: a Mac's metadata file (AppleDouble, the `._` file a Mac writes beside "
                             "each file it copies), not a video")
+
+
+def test_urls_are_named_as_urls_not_mangled_into_paths(tmp_path):
+    """A list of URLs (video2dataset's input) named files such as `<list's folder>/https:/host/a.mp4`,
+    each an error 'No such file or directory' with that path. A URL among files is now an error
+    record that names it and says what to do; a list of nothing but URLs, or a URL as the input,
+    stops the run at once. A missing file's error no longer repeats its path."""
+    import conf
+    from curator.pipeline import _work
+
+    (tmp_path / "list.txt").write_text("https://example.com/a.mp4\ns3://bucket/b.mp4\nmissing.mp4\n")
+    found = discover(str(tmp_path / "list.txt"))
+    assert found == [str(tmp_path / "missing.mp4"), "https://example.com/a.mp4", "s3://bucket/b.mp4"]
+    cfg = OmegaConf.to_container(conf.compose("curate", [f"input={tmp_path}", f"output={tmp_path / 'out'}"]))
+    errors = {path: _work(path, cfg)[0]["error"] for path in found}
+    url = "a URL, not a file: vfm-curate reads files; download it first (or mount its bucket)"
+    assert errors == {str(tmp_path / "missing.mp4"): "cannot read file: No such file or directory",
+                      "https://example.com/a.mp4": url, "s3://bucket/b.mp4": url}
+    (tmp_path / "urls.txt").write_text("# from video2dataset\nhttps://example.com/a.mp4\nhttps://example.com/b.mp4\n")
+    with pytest.raises(FileNotFoundError, match=r"names URLs \(https://example.com/a.mp4, \.\.\.\), and vfm-curate "
+                                                r"reads files: download them first"):
+        discover(str(tmp_path / "urls.txt"))
+    with pytest.raises(FileNotFoundError, match=r"a URL, and vfm-curate reads files"):
+        discover("https://example.com/a.mp4")

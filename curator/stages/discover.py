@@ -28,6 +28,9 @@ def discover(spec: str) -> list[str]:
     names an existing file or directory is that path, glob characters in it or not: a folder called
     `Holiday [2024]` is a folder, not a pattern that matches nothing."""
     path = Path(spec).expanduser()
+    if is_url(spec):
+        raise FileNotFoundError(f"input={spec!r}: a URL, and vfm-curate reads files: download it first (or mount "
+                                "the bucket)")
     if any(ch in spec for ch in "*?[") and not path.exists():
         found = [Path(p) for p in glob.glob(str(path), recursive=True)]
         paths = [p for p in found if p.is_file()]
@@ -41,14 +44,25 @@ def discover(spec: str) -> list[str]:
         # utf-8-sig: a byte order mark (Notepad, Excel) is not part of the first path; surrogateescape:
         # a name that is not UTF-8 comes out as Python has it from the filesystem.
         lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()]
-        paths = [(path.parent / ln) for ln in lines if ln and not ln.startswith("#")]
-        if not paths:
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+        if not lines:
             raise FileNotFoundError(f"input={spec!r}: the list file names no videos")
+        urls = [ln for ln in lines if is_url(ln)]  # kept as they are: a record names the URL it is for
+        if len(urls) == len(lines):
+            raise FileNotFoundError(f"input={spec!r}: the list file names URLs ({urls[0]}, ...), and vfm-curate "
+                                    "reads files: download them first (or mount the bucket), then list the files")
+        paths = [path.parent / ln for ln in lines if not is_url(ln)]
+        return sorted({*urls, *(str(p.resolve() if p.exists() else p.absolute()) for p in paths)})
     elif path.is_file():
         paths = [path]
     else:
         raise FileNotFoundError(f"input={spec!r}: no such file or directory")
     return sorted({str(p.resolve() if p.exists() else p.absolute()) for p in paths})
+
+
+def is_url(line: str) -> bool:
+    """Whether a list file's line is a URL (https://, s3://, gs://) rather than a path."""
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", line) is not None
 
 
 def _videos_under(root: Path) -> list[Path]:
@@ -92,6 +106,8 @@ def not_a_file(path: str) -> str | None:
     such as /dev/zero never ends, so such an input held up its worker until its time ran out, or for
     good. None for a regular file or a link to one, and for a path that is not there (opening it says
     why)."""
+    if is_url(path):
+        return "a URL, not a file: vfm-curate reads files; download it first (or mount its bucket)"
     try:
         mode = os.stat(path).st_mode
     except OSError:
