@@ -173,7 +173,8 @@ class Timeline:
             return None
         index, jump = self.first_break
         return (f"the stream's clock jumps at {self.jumps} point(s), first by {jump:+.2f} s at frame "
-                f"{index}: clips stop at each jump")
+                f"{index}: clips stop at each jump (a pause in the recording, recordings joined end to end, or "
+                "frames lost from a damaged file)")
 
 
 class _Splitter:
