@@ -71,3 +71,23 @@ def test_bad_overrides_fail_with_messages_that_name_the_problem():
         conf.compose("curate", ["no_such_key=1"])
     with pytest.raises(ValueError, match="unknown stage"):
         conf.compose("cook")
+
+
+@pytest.mark.parametrize("command, given, said", [
+    ("vfm-curate", [], "vfm-curate: input= and output= must be given. Usage: vfm-curate input=<videos> output=<dir>"),
+    ("vfm-train", ["run_dir=r"], "vfm-train: data.shards= must be given. Usage: vfm-train run_dir=<dir> "
+                                 "data.shards=<curated dir>"),
+    ("vfm-encode", ["input=i"], "vfm-encode: output= must be given. Usage: vfm-encode input="),
+    ("vfm-sample", ["checkpoint=c"], "vfm-sample: prompt= and output= must be given. Usage: vfm-sample checkpoint="),
+    ("vfm-serve", [], "vfm-serve: checkpoint= must be given. Usage: vfm-serve checkpoint=<exported dir>"),
+])
+def test_a_command_without_what_it_needs_says_so_in_one_line(command, given, said, tmp_path):
+    """A new user's first try, `vfm-curate` alone, ended in OmegaConf's MissingMandatoryValue traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([str(Path(sys.executable).parent / command), *given], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(said), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]

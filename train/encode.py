@@ -224,6 +224,9 @@ def _app_main() -> None:
     def app(cfg: DictConfig) -> None:
         from curator.pipeline import ClusterError
 
+        conf.require(cfg, "vfm-encode", ["input", "output"],
+                     "vfm-encode input=<curated dir or shards> output=<dir> [key=value ...]")
+
         try:
             encode(cfg)
         except (FileNotFoundError, ValueError, ClusterError) as e:
