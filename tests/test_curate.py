@@ -1260,18 +1260,20 @@ def test_a_file_cut_short_says_so_though_its_frames_decode_cleanly(bikes, tmp_pa
     assert records["gap.avi"]["num_frames"] == 70 and records["gap.avi"]["duration_s"] == 4.0
 
 
-@pytest.mark.parametrize("ext, at, clock, kept_from", [
-    ("mp4", 1 / 3, None, [0, 31, 138, 188]),
+@pytest.mark.parametrize("ext, at, clock, kept_from, stale", [
+    ("mp4", 1 / 3, None, [0, 31, 138, 188], None),
     ("ts", 0.6, "the stream's clock jumps at 1 point(s), first by +1.28 s at frame 141: clips stop at each jump (a "
      "pause in the recording, recordings joined end to end, or frames lost from a damaged file)",
-     [0, 31, 77, 188]),
+     [0, 31, 77, 188], 142),
 ])
-def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tmp_path, ext, at, clock, kept_from):
+def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tmp_path, ext, at, clock, kept_from,
+                                                                        stale):
     """64 KiB of zeros in bikes.mp4's stream (a bad sector, a hole left by a download tool): the
     decoder then gives out stale frames out of order (4.6 s, then 3.4 s), marked damaged in the MP4;
     unmarked in the .ts, whose demuxer drops the zeros itself (and its lost frames read as a pause).
     The clock was restarted at each such step back, so every later clip's times came out more than
-    a second late (11.28 s for the 10 s source)."""
+    a second late (11.28 s for the 10 s source). The .ts's stale frame is now a damaged clip of its
+    own: it had started a clip, a picture from a second before."""
     _encode(tmp_path / f"whole.{ext}", list(bikes_frames(bikes)), fps=25)
     data = bytearray((tmp_path / f"whole.{ext}").read_bytes())
     at = int(len(data) * at) // 188 * 188  # on a .ts packet's boundary
@@ -1283,6 +1285,9 @@ def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tm
     assert said[:-1] == ([clock] if clock else []) and said[-1].startswith("damaged stream: "), said
     # The clean clips start a frame after one of bikes' cuts at 30, 76, 137 and 187 (their times at 25 fps).
     assert [c.start_s for c in clips if c.kept] == [i / 25 for i in kept_from]
+    if stale is not None:
+        assert any((c.start_frame, c.end_frame) == (stale, stale + 1) and c.reason.startswith("damaged")
+                   for c in clips), [(c.start_frame, c.end_frame, c.reason) for c in clips]
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])

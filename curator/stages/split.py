@@ -128,7 +128,9 @@ class Timeline:
     the decoder gives out after the loss, kept in order. (Restarting the clock there put every
     later frame of a file with a zeroed stretch seconds late.) Nor is it restarted where, within
     STALE_FRAMES of the step back, the old clock goes on past where it was: such stale frames come
-    out unmarked too, where the demuxer dropped the lost data itself (a .ts stream's)."""
+    out unmarked too, where the demuxer dropped the lost data itself (a .ts stream's). They are then
+    marked damaged (`stale` counts them), and the frame after them starts a clip anew: a clip that
+    took one in showed a picture from a second before."""
 
     STALE_FRAMES = 4
 
@@ -141,14 +143,23 @@ class Timeline:
         self.jumps = 0  # breaks of the clock's own
         self.first_break: tuple[int, float] | None = None  # (the first's frame, the jump in s)
         self.restart: tuple | None = None  # the last: (its frame, the old clock's latest time, the state before)
+        self.since_restart: list[media.DecodedFrame] = []  # the frames from it on, while it may yet be undone
+        self.stale = 0  # frames found stale and marked damaged
 
     def __call__(self, frame: media.DecodedFrame) -> None:
         """Set `frame.time_s` on this timeline."""
         raw = frame.time_s if frame.time_s is not None else frame.index * self.step
-        if self.restart is not None and frame.index - self.restart[0] <= self.STALE_FRAMES \
-                and raw > self.restart[1]:  # the old clock goes on: the step back was a stale frame
+        if self.restart is not None and frame.index - self.restart[0] > self.STALE_FRAMES:
+            self.restart, self.since_restart = None, []  # it stands
+        if self.restart is not None and raw > self.restart[1]:  # the old clock goes on: the frames since were stale
             self.offset, self.jumps, self.first_break = self.restart[2]
-            self.restart = None
+            for stale in self.since_restart:
+                stale.damaged = True
+            self.stale += len(self.since_restart)
+            self.break_at.add(frame.index)
+            self.restart, self.since_restart = None, []
+        elif self.restart is not None:
+            self.since_restart.append(frame)
         t = raw + self.offset
         if self.prev is not None:
             jump = t - self.prev
@@ -156,6 +167,7 @@ class Timeline:
                 jump = 0.0  # a stale frame out of the decoder after lost data: kept in order, as below
             if jump < -self.max_gap_s:
                 self.restart = (frame.index, self.prev - self.offset, (self.offset, self.jumps, self.first_break))
+                self.since_restart = [frame]
             if abs(jump) > self.max_gap_s:
                 self.break_at.add(frame.index)
                 if not frame.damaged:
@@ -557,6 +569,7 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     except media.MediaError as e:
         record["error"] = str(e)
         return record, []
+    damage.damaged_frames += splitter.timeline.stale
     warnings += [w for w in (splitter.timeline.warning(), damage.summary()) if w]
     given = getattr(detector, "frames", None)
     if given is not None and given != n:
