@@ -60,9 +60,10 @@ def discover(spec: str) -> list[str]:
     return sorted({str(p.resolve() if p.exists() else p.absolute()) for p in paths})
 
 
-def is_url(line: str) -> bool:
-    """Whether a list file's line is a URL (https://, s3://, gs://) rather than a path."""
-    return re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", line) is not None
+def is_url(line) -> bool:
+    """Whether a list file's line is a URL (https://, s3://, gs://) rather than a path. A Path object
+    is none: it would have made `https://` into `https:/`."""
+    return isinstance(line, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", line) is not None
 
 
 def _videos_under(root: Path) -> list[Path]:
@@ -100,7 +101,7 @@ def largest_first(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: (-size(p), p))
 
 
-def not_a_file(path: str) -> str | None:
+def not_a_file(path) -> str | None:
     """Why `path` is no file to curate, where it is none: a folder, a named pipe, a device or a
     socket, as a list file can name one. Reading a pipe waits for a writer for ever, and a device
     such as /dev/zero never ends, so such an input held up its worker until its time ran out, or for
