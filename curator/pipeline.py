@@ -588,9 +588,11 @@ def curate(cfg: DictConfig, log=_print) -> dict | None:
     # An output inside the input folder (input=data output=data/curated): what the run writes there
     # is no input, such as the clips a killed run left in its spool, which the output's opening removes.
     output = Path(cfg.output).expanduser().resolve()
-    if inside := [s for s in sources if Path(s).is_relative_to(output)]:
-        sources = [s for s in sources if s not in set(inside)]
-        log(f"skipping {len(inside)} file(s) under the output folder {cfg.output}: the run's own, not inputs")
+    outside = [s for s in sources if not Path(s).is_relative_to(output)]
+    if len(outside) < len(sources):
+        log(f"skipping {len(sources) - len(outside)} file(s) under the output folder {cfg.output}: the run's own, "
+            "not inputs")
+        sources = outside
         if not sources:
             raise FileNotFoundError(f"input={cfg.input!r}: no video files outside the output folder")
     out = OutputDir(cfg.output, cfg.writer.samples_per_shard, cfg.dedup.max_hamming if cfg.dedup.enabled else None)

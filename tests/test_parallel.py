@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch.multiprocessing as mp
-from vfm_testmedia import parallel_equality_worker
+from vfm_testmedia import layouts_by_world, parallel_equality_worker
 
 from train.parallel_dims import ParallelDims
 
@@ -32,20 +29,8 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def results_by_world(tmp_path_factory):
-    """Each world size's layouts, run in one process group: {world: [each rank's {name: result}]},
-    started on first use."""
-    found = {}
-
-    def results(world: int) -> list[dict]:
-        if world not in found:
-            tmp = tmp_path_factory.mktemp(f"world{world}")
-            layouts = {name: layout for name, (w, layout) in LAYOUTS.items() if w == world}
-            args = (world, layouts, str(tmp / "rendezvous"), str(tmp / "results.json"))
-            mp.start_processes(parallel_equality_worker, args=args, nprocs=world, join=True, start_method="spawn")
-            found[world] = json.loads((tmp / "results.json").read_text())
-        return found[world]
-
-    return results
+    """Each world size's layouts, run in one process group on first use."""
+    return layouts_by_world(parallel_equality_worker, LAYOUTS, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

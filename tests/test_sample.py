@@ -3,7 +3,6 @@ across ranks (CFG-parallel, context parallel, both) over gloo; vfm-sample writes
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from vfm_testmedia import sampling_rank_worker, write_export
+from vfm_testmedia import layouts_by_world, sampling_rank_worker, write_export
 
 from inference.pipeline import PromptCache, Request, VideoPipeline
 
@@ -132,20 +130,9 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def latents_by_world(export, tmp_path_factory):
-    """Each world size's layouts, sampled in one process group (starting the processes costs more
-    than sampling): {world: [each rank's {name: latents}]}, started on first use."""
-    found = {}
-
-    def latents(world: int) -> list[dict]:
-        if world not in found:
-            tmp = tmp_path_factory.mktemp(f"world{world}")
-            layouts = {name: {**layout, "requests": REQUESTS} for name, (w, layout) in LAYOUTS.items() if w == world}
-            mp.start_processes(sampling_rank_worker, nprocs=world, join=True, start_method="spawn",
-                               args=(world, str(export), layouts, str(tmp / "rdzv"), str(tmp / "latents.json")))
-            found[world] = json.loads((tmp / "latents.json").read_text())
-        return found[world]
-
-    return latents
+    """Each world size's layouts, sampled in one process group on first use."""
+    layouts = {name: (world, {**layout, "requests": REQUESTS}) for name, (world, layout) in LAYOUTS.items()}
+    return layouts_by_world(sampling_rank_worker, layouts, tmp_path_factory, str(export))
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -422,6 +422,29 @@ def loader_rank_worker(rank: int, world: int, cp: int, folder: str, rendezvous: 
     _finish_rank(batches, world, rank, out)
 
 
+def layouts_by_world(worker, layouts: dict[str, tuple[int, dict]], tmp_path_factory, *leading):
+    """A function of a world size that runs that size's `layouts` ({name: (world, layout)}) in one
+    process group, the first time it is asked (starting the processes costs more than a layout's
+    work): `worker(rank, world, *leading, {name: layout}, rendezvous, out)`. It returns each rank's
+    {name: result}, a list by rank."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    found: dict[int, list[dict]] = {}
+
+    def results(world: int) -> list[dict]:
+        if world not in found:
+            tmp = tmp_path_factory.mktemp(f"world{world}")
+            mine = {name: layout for name, (w, layout) in layouts.items() if w == world}
+            mp.start_processes(worker, args=(world, *leading, mine, str(tmp / "rendezvous"), str(tmp / "out.json")),
+                               nprocs=world, join=True, start_method="spawn")
+            found[world] = json.loads((tmp / "out.json").read_text())
+        return found[world]
+
+    return results
+
+
 def parallel_equality_worker(rank: int, world: int, layouts: dict[str, dict], rendezvous: str, out: str) -> None:
     """One rank of one process group that tries every layout in `layouts` in turn (one group, not one
     per layout: starting `world` processes costs more than a layout's work). Rank 0 writes each rank's

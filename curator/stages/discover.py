@@ -28,6 +28,7 @@ def discover(spec: str) -> list[str]:
     names an existing file or directory is that path, glob characters in it or not: a folder called
     `Holiday [2024]` is a folder, not a pattern that matches nothing."""
     path = Path(spec).expanduser()
+    urls: list[str] = []  # a list file's, kept as they are: a record names the URL it is for
     if is_url(spec):
         raise FileNotFoundError(f"input={spec!r}: a URL, and vfm-curate reads files: download it first (or mount "
                                 "the bucket)")
@@ -47,17 +48,16 @@ def discover(spec: str) -> list[str]:
         lines = [ln for ln in lines if ln and not ln.startswith("#")]
         if not lines:
             raise FileNotFoundError(f"input={spec!r}: the list file names no videos")
-        urls = [ln for ln in lines if is_url(ln)]  # kept as they are: a record names the URL it is for
+        urls = [ln for ln in lines if is_url(ln)]
         if len(urls) == len(lines):
             raise FileNotFoundError(f"input={spec!r}: the list file names URLs ({urls[0]}, ...), and vfm-curate "
                                     "reads files: download them first (or mount the bucket), then list the files")
         paths = [path.parent / ln for ln in lines if not is_url(ln)]
-        return sorted({*urls, *(str(p.resolve() if p.exists() else p.absolute()) for p in paths)})
     elif path.is_file():
         paths = [path]
     else:
         raise FileNotFoundError(f"input={spec!r}: no such file or directory")
-    return sorted({str(p.resolve() if p.exists() else p.absolute()) for p in paths})
+    return sorted({*urls, *(str(p.resolve() if p.exists() else p.absolute()) for p in paths)})
 
 
 def is_url(line) -> bool:

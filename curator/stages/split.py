@@ -165,15 +165,14 @@ class Timeline:
             jump = t - self.prev
             if jump < 0 and frame.damaged:
                 jump = 0.0  # a stale frame out of the decoder after lost data: kept in order, as below
-            if jump < -self.max_gap_s:
-                self.restart = (frame.index, self.prev - self.offset, (self.offset, self.jumps, self.first_break))
-                self.since_restart = [frame]
+            before = (self.offset, self.jumps, self.first_break)
             if abs(jump) > self.max_gap_s:
                 self.break_at.add(frame.index)
                 if not frame.damaged:
                     self.jumps += 1
                     self.first_break = self.first_break or (frame.index, jump)
-            if jump < -self.max_gap_s:
+            if jump < -self.max_gap_s:  # the clock restarts, unless the old one goes on (see above)
+                self.restart, self.since_restart = (frame.index, self.prev - self.offset, before), [frame]
                 self.offset += self.prev + self.step - t
                 t = self.prev + self.step
             elif t < self.prev:  # a frame a little out of order: not a break, kept in order
