@@ -19,12 +19,24 @@ def compose(stage: str, overrides: list[str] | None = None) -> DictConfig:
         return _compose(stage, overrides=list(overrides or []))
 
 
-def require(cfg: DictConfig, command: str, keys: list[str], usage: str) -> None:
+# Each stage's command line, as its `--help` and its error for a missing setting give it.
+USAGE = {
+    "curate": "vfm-curate input=<videos> output=<dir> [key=value ...]",
+    "encode": "vfm-encode input=<curated dir or shards> output=<dir> [key=value ...]",
+    "train": "vfm-train run_dir=<dir> data.shards=<curated dir> [key=value ...]",
+    "sample": 'vfm-sample checkpoint=<exported dir> prompt="..." output=<file.mp4> [key=value ...]',
+    "serve": "vfm-serve checkpoint=<exported dir> [key=value ...]",
+}
+
+
+def require(cfg: DictConfig, stage: str, keys: list[str]) -> None:
     """Exit (status 2, as for a missing argument) with one line that names those of `keys` left unset
-    and gives the command's `usage`, where OmegaConf would raise MissingMandatoryValue in a traceback."""
+    and gives the stage's usage, where OmegaConf would raise MissingMandatoryValue in a traceback."""
     unset = [key for key in keys if _unset(cfg, key)]
     if unset:
-        print(f"{command}: {' and '.join(f'{k}=' for k in unset)} must be given. Usage: {usage}", file=sys.stderr)
+        missing = " and ".join(f"{k}=" for k in unset)
+        print(f"vfm-{stage}: {missing} must be given. Usage: {USAGE[stage]} (--help lists every setting)",
+              file=sys.stderr)
         sys.exit(2)
 
 
@@ -32,3 +44,24 @@ def _unset(cfg: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     return node is not None and OmegaConf.is_missing(node, leaf)
+
+
+def config_groups(stage: str) -> str:
+    """The groups of `--help` (hydra/help/vfm.yaml): one line for each group the stage's config
+    chooses from, with the options a user can choose, its default marked with a *. Hydra's own list
+    held every stage's groups, and the schemas (`_adaptive`, `_schema`), which are no option."""
+    defaults = OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml").defaults
+    lines = []
+    for entry in defaults:
+        if not isinstance(entry, DictConfig):
+            continue
+        (group, default), = entry.items()
+        if group.startswith("override "):
+            continue
+        options = sorted(p.stem for p in (schema.CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+        lines.append(f"{group}: " + ", ".join(f"{o}*" if o == default else o for o in options))
+    return "\n".join(lines)
+
+
+OmegaConf.register_new_resolver("vfm_groups", config_groups, replace=True)
+OmegaConf.register_new_resolver("vfm_usage", USAGE.__getitem__, replace=True)

@@ -19,7 +19,7 @@ def _stop(signum, frame) -> None:
 
 @hydra.main(config_path="pkg://conf", config_name="curate", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    conf.require(cfg, "vfm-curate", ["input", "output"], "vfm-curate input=<videos> output=<dir> [key=value ...]")
+    conf.require(cfg, "curate", ["input", "output"])
     signal.signal(signal.SIGTERM, _stop)  # a scheduler's stop cleans up as Ctrl-C does, rather than dying mid-write
     code = main_from_config(cfg)
     if code:

@@ -57,8 +57,7 @@ def sample(cfg: DictConfig) -> int:
 
 @hydra.main(config_path="pkg://conf", config_name="sample", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    conf.require(cfg, "vfm-sample", ["checkpoint", "prompt", "output"],
-                 'vfm-sample checkpoint=<exported dir> prompt="..." output=<file.mp4> [key=value ...]')
+    conf.require(cfg, "sample", ["checkpoint", "prompt", "output"])
     code = sample(cfg)
     if code:
         sys.exit(code)

@@ -391,7 +391,7 @@ def main() -> None:
 
     @hydra.main(config_path="pkg://conf", config_name="serve", version_base="1.3")
     def app(cfg: DictConfig) -> None:
-        conf.require(cfg, "vfm-serve", ["checkpoint"], "vfm-serve checkpoint=<exported dir> [key=value ...]")
+        conf.require(cfg, "serve", ["checkpoint"])
         code = serve(cfg)
         if code:
             sys.exit(code)

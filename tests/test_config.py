@@ -91,3 +91,26 @@ def test_a_command_without_what_it_needs_says_so_in_one_line(command, given, sai
                        text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(said), r.stderr[-2000:]
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("stage", ["curate", "encode"])
+def test_a_commands_help_lists_its_usage_and_the_options_of_its_own_groups(stage, tmp_path):
+    """`vfm-curate --help` listed every stage's groups (model, parallel, server, ...) and the schemas
+    among the options (`detector: _adaptive, _fixed, _transnetv2, adaptive, ...`), under "cli is
+    powered by Hydra"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([str(Path(sys.executable).parent / f"vfm-{stage}"), "--help"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    head, config = r.stdout.split("== Config ==")
+    assert head.startswith(f"Usage: {conf.USAGE[stage]}\n"), head
+    defaults = {next(iter(d)): next(iter(d.values())) for d in OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml")
+                ["defaults"] if not isinstance(d, str) and not next(iter(d)).startswith("override ")}
+    listed = {line.split(": ")[0]: line.split(": ")[1].split(", ") for line in head.splitlines() if ": " in line
+              and not line.startswith("Usage")}
+    assert listed == {g: [f"{o}*" if o == defaults[g] else o for o in _options(g)] for g in _stage_groups(stage)}
+    assert "_schema" not in r.stdout and "_adaptive" not in r.stdout and "Hydra" not in head
+    assert "\ninput: ???" in config and "--hydra-help" in config

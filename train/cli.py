@@ -14,8 +14,7 @@ from train.main import run
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    conf.require(cfg, "vfm-train", ["run_dir", "data.shards"],
-                 "vfm-train run_dir=<dir> data.shards=<curated dir> [key=value ...]")
+    conf.require(cfg, "train", ["run_dir", "data.shards"])
     code = run(cfg)
     if code:
         sys.exit(code)

@@ -224,8 +224,7 @@ def _app_main() -> None:
     def app(cfg: DictConfig) -> None:
         from curator.pipeline import ClusterError
 
-        conf.require(cfg, "vfm-encode", ["input", "output"],
-                     "vfm-encode input=<curated dir or shards> output=<dir> [key=value ...]")
+        conf.require(cfg, "encode", ["input", "output"])
 
         try:
             encode(cfg)
