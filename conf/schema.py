@@ -33,7 +33,7 @@ class AdaptiveDetectorConfig:
     # score / mean of its neighbours above which a frame starts a shot, at 24 fps and above; below,
     # where motion between frames scores higher, 1 + (threshold - 1) * sqrt(fps / 24) (2.4 at 12 fps)
     threshold: float = 3.0
-    min_content: float = 15.0  # and the raw score must be at least this
+    min_content: float = 15.0  # and the raw score must be at least this (less in a dim picture: detect.CONTENT_LUMA)
     window: int = 2  # neighbours on each side in that mean
     # A cut this soon after the previous one is no scene cut (a wipe, a stutter of the picture), in
     # seconds so that it means the same at 6 fps (an animated GIF, a timelapse) as at 120: 5 frames

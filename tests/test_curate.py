@@ -278,6 +278,22 @@ def test_repeated_frames_do_not_make_motion_a_cut(bikes, tmp_path, fps, pictures
         assert set(record["scene_cuts"]) <= set(cuts) and len(record["scene_cuts"]) >= 4
 
 
+@pytest.mark.parametrize("light", [0.3, 0.2])
+def test_a_dim_recordings_cuts_are_found_and_no_more(bikes, tmp_path, light):
+    """A night scene or an underexposed video: bikes.mp4 at 30% and 20% of its light (mean lumas of
+    13 to 32). A cut of a dim picture scores as dim, under `detector.min_content`: at 30% the cut at
+    137 was missed, and at 20% all but the first. And each frame under a mean luma of 12 counted as
+    dark, so that each time a dim shot's mean crossed 12 was a boundary (at 20%, one at 35; at 15%,
+    9 in 10 s, 5 of them in a row)."""
+    frames = [(f * light).astype(np.uint8) for f in bikes_frames(bikes)]
+    path = tmp_path / f"dim_{light}.mp4"
+    _encode(path, frames, fps=25)
+    record, _ = process_source(str(path), "dim", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok", record["error"]
+    assert record["scene_cuts"] == [30, 76, 137, 187, 242]
+    assert [s for s, _ in record["shots"]] == [0, 30, 76, 137, 187, 242]
+
+
 def test_the_first_frames_are_weighed_against_real_neighbours_only():
     """Frame 0 has no score (there is no frame before it). Counted as a neighbour of frames 1 and 2
     as 0, it made an exposure settling at the start of a recording stand out as a cut."""

@@ -20,8 +20,23 @@ import bisect
 
 import numpy as np
 
-# Mean luma (0..255) below which a frame counts as dark for fade/gap detection.
-DARK_LUMA = 12.0
+# A frame is dark, part of a fade through black or a black gap, where its mean luma (0..255) is under
+# DARK_LUMA and it shows next to nothing: its spread (see frame_features) is under DARK_SPREAD, or its
+# mean is under BLACK_LUMA (black but for a few specks, as in a title's gap). A run goes on while they
+# hold at DARK_STAY times those: a dim picture whose mean or spread is near them entered and left a run
+# at every other frame. The darkest frames of fades spread 0 to 2.2, a black gap 0.5; a dim shot (a
+# night scene, an underexposed phone video) shows its picture at a low mean: bikes.mp4 at 15% of its
+# contrast spreads 3.4 and more at means of 8 to 12. Taken for dark by its mean alone, each time such
+# a shot's mean crossed DARK_LUMA was a shot boundary (9 false ones in those 10 s), and no cut was
+# looked for inside the run.
+DARK_LUMA, DARK_SPREAD, BLACK_LUMA, DARK_STAY = 12.0, 3.0, 3.0, 1.5
+SPREAD_BLOCK = 4  # pixels (of the analysis frame) a side of a block of frame_features' spread
+# `min_content` holds as given where the brighter of a frame and the one before it has a mean luma of
+# CONTENT_LUMA or more; below, in proportion to that luma (down to MIN_CONTENT_SHARE of it). A dim
+# picture's changes are as dim: bikes.mp4's cuts score 47 to 83, and at 15% of its contrast 8 to 14,
+# so that a fixed 15 found none of them. At 64, the frames of the music video's fade into black,
+# held on threes under grain (the bench's line), stood out as a cut.
+CONTENT_LUMA, MIN_CONTENT_SHARE = 40.0, 0.2
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
@@ -96,10 +111,16 @@ DISSOLVE_SHOWS = 2.0  # an end whose gray varies less than this (a standard devi
 DISSOLVE_LIGHT = 0.9
 
 
-def frame_features(small: np.ndarray) -> tuple[np.ndarray, float]:
-    """(h, w, 3) uint8 RGB -> (float32 image, mean luma)."""
+def frame_features(small: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(h, w, 3) uint8 RGB -> (float32 image, mean luma, spread: the standard deviation of the luma
+    over blocks of SPREAD_BLOCK pixels, where a film's grain or a sensor's noise averages out and a
+    picture's shapes do not)."""
     f = small.astype(np.float32)
-    return f, float(f.reshape(-1, 3).mean(0) @ LUMA)
+    gray = f @ LUMA  # (h, w)
+    b = SPREAD_BLOCK if min(gray.shape) >= SPREAD_BLOCK else 1
+    h, w = gray.shape[0] // b, gray.shape[1] // b
+    blocks = gray[:h * b, :w * b].reshape(h, b, w, b).mean((1, 3))  # (h, w) whole blocks
+    return f, float(gray.mean()), float(blocks.std())
 
 
 class PictureBox:
@@ -198,6 +219,7 @@ class AdaptiveDetector:
         self._broken: list[int] = []  # the damaged frames since the last frame that was not
         self._good: np.ndarray | None = None  # the last frame that was not damaged
         self.lumas: list[float] = []
+        self.dark: list[bool] = []  # whether each frame is dark (see DARK_LUMA), as a run has it
         self.dark_boundaries: set[int] = set()  # boundaries that enter or leave a dark run
         self.transition_starts: set[int] = set()  # shots that are a transition: dissolves (see DISSOLVE_BLEND)
         self.scene_cuts: list[int] = []
@@ -215,6 +237,12 @@ class AdaptiveDetector:
     def _threshold_for(self, fps: float) -> float:
         """The ratio a change needs with the full window, where pictures change `fps` times a second."""
         return 1 + (self.threshold - 1) * min(1.0, fps / FULL_RATE_FPS) ** 0.5 if fps > 0 else self.threshold
+
+    def _hard(self, i: int) -> bool:
+        """Whether frame i changes enough to start a shot (or to be a cut into or out of the dark,
+        not a fade): by `min_content`, less in a dim picture (CONTENT_LUMA)."""
+        light = max(self.lumas[i], self.lumas[i - 1])
+        return self.scores[i] >= self.min_content * min(1.0, max(MIN_CONTENT_SHARE, light / CONTENT_LUMA))
 
     def _neighbours(self, i: int, step: int) -> list[int]:
         """Frame i's neighbours on one side (step -1 or +1): the `window` nearest frames that do not
@@ -252,7 +280,7 @@ class AdaptiveDetector:
 
     def _is_cut(self, i: int) -> bool:
         score = self.scores[i]
-        if score < self.min_content:
+        if not self._hard(i):
             return False
         sides = (self._neighbours(i, -1), self._neighbours(i, +1))
         near = [self.scores[x] / self.spans.get(x, 1) for side in sides for x in side]  # change a frame
@@ -311,8 +339,8 @@ class AdaptiveDetector:
         if i in self.damaged:
             return
         in_run = self._dark_start is not None
-        dark = self.lumas[i] < self.dark_luma
-        hard = self.scores[i] >= self.min_content
+        dark = self.dark[i]
+        hard = self._hard(i)
         # Lightning in a night scene leaves a dark run for a frame or two, and a black frame in a
         # bright shot (a capture's dropped frame) enters one: flashes, not edges of a run.
         if dark != in_run and not (hard and self._flash_at(i)):
@@ -325,7 +353,7 @@ class AdaptiveDetector:
 
     def _dark_edge(self, i: int, out: list[int]) -> None:
         """Frame i enters or leaves a dark run: a shot boundary whatever the content score says."""
-        hard = self.scores[i] >= self.min_content
+        hard = self._hard(i)
         if self._dark_start is None:  # entering
             self._dark_start, self._dark_entered_by_cut = i, hard
             if hard:
@@ -351,9 +379,11 @@ class AdaptiveDetector:
         i = len(self.scores)
         self._recent.pop(i - self.decide_after - self.flash_frames - 2, None)  # older than any test needs
         box = self._box(small)
-        f, luma = frame_features(small[box])
+        f, luma, spread = frame_features(small[box])
         self.scores.append(0.0 if self._prev is None else float(np.abs(f - self._prev[box]).mean()))
         self.lumas.append(luma)
+        stay = DARK_STAY if self.dark and self.dark[-1] else 1.0  # a run goes on at a little more
+        self.dark.append(luma < self.dark_luma * stay and (spread < DARK_SPREAD * stay or luma < BLACK_LUMA * stay))
         if damaged:
             self._broken.append(i)
         elif self._broken:
@@ -364,7 +394,7 @@ class AdaptiveDetector:
         self._good = self._good if damaged else small
         if self.flash_frames:
             self._recent[i] = small
-        if i == 0 and luma < self.dark_luma:  # the stream opens in the dark: frame 0 has started the first scene
+        if i == 0 and self.dark[0]:  # the stream opens in the dark: frame 0 has started the first scene
             self._dark_start, self._dark_entered_by_cut = 0, True
         self._decide_upto(i - self.decide_after, self._out)
         if self.dissolve_frames:
@@ -474,7 +504,7 @@ class AdaptiveDetector:
         before = self._broken[0] - 1
         for y in self._broken:
             self.damaged.add(y)
-            self.scores[y], self.lumas[y] = 0.0, self.lumas[before]  # no edge of a dark run either
+            self.scores[y], self.lumas[y], self.dark[y] = 0.0, self.lumas[before], self.dark[before]  # no dark edge
             self._recent.pop(y, None)
         self.scores[i] = float(np.abs(f - self._good[box]).mean())
         self.spans[i] = len(self._broken) + 1  # as a neighbour, its change counts for each frame it spans
