@@ -1,8 +1,9 @@
 """Structured configs for every stage, registered in Hydra's ConfigStore.
 
 Each swappable concern is one Hydra group whose options (the YAML files in `conf/<group>/`) extend
-that group's schema, stored here as `<group>/_schema` (or `<group>/_<option>` where the options of
-a group differ in their fields). Each stage's primary config (`curate.yaml`,
+that group's schema, stored here as `schema/<group>/base` (or `schema/<group>/<option>` where the
+options of a group differ in their fields), a group of its own: a group's list of options, in
+`--help` or after a misspelt one, holds no schema. Each stage's primary config (`curate.yaml`,
 `train.yaml`, `sample.yaml`, `serve.yaml`) extends `<stage>_schema`. Fields that must be given have
 no default (`MISSING`), so a forgotten path is an error, not a silent guess.
 """
@@ -384,7 +385,7 @@ class ServeConfig:
     diffusion: DiffusionConfig = MISSING
 
 
-# Groups whose options share one schema; each option file extends `<group>/_schema`.
+# Groups whose options share one schema; each option file extends `/schema/<group>/base@_here_`.
 GROUP_SCHEMAS = {
     "model": ModelConfig,
     "parallel": ParallelConfig,
@@ -392,7 +393,7 @@ GROUP_SCHEMAS = {
     "diffusion": DiffusionConfig,
     "server": ServerConfig,
 }
-# Groups whose options differ in their fields; option `<name>.yaml` extends `<group>/_<name>`.
+# Groups whose options differ in their fields; option `<name>.yaml` extends `/schema/<group>/<name>@_here_`.
 OPTION_SCHEMAS = {
     "detector": {
         "adaptive": AdaptiveDetectorConfig,
@@ -420,10 +421,10 @@ def register() -> None:
     """Store every schema; idempotent, so each CLI and test may call it."""
     cs = ConfigStore.instance()
     for group, schema in GROUP_SCHEMAS.items():
-        cs.store(group=group, name="_schema", node=schema)
+        cs.store(group=f"schema/{group}", name="base", node=schema)
     for group, options in OPTION_SCHEMAS.items():
         for name, schema in options.items():
-            cs.store(group=group, name=f"_{name}", node=schema)
+            cs.store(group=f"schema/{group}", name=name, node=schema)
     for stage, schema in STAGE_SCHEMAS.items():
         cs.store(name=f"{stage}_schema", node=schema)
 

@@ -63,8 +63,11 @@ def test_required_paths_are_missing_not_guessed():
 
 
 def test_bad_overrides_fail_with_messages_that_name_the_problem():
-    with pytest.raises(ConfigCompositionException, match="detector"):
+    with pytest.raises(ConfigCompositionException, match="detector") as raised:
         conf.compose("curate", ["detector=no_such_detector"])
+    # The options to choose from, and no schema among them (`_adaptive` was listed beside `adaptive`).
+    listed = str(raised.value).split("Available options in 'detector':")[1].split("Config search path")[0].split()
+    assert listed == _options("detector")
     with pytest.raises(ConfigCompositionException, match="clips.max_s"):
         conf.compose("curate", ["clips.max_s=ten"])
     with pytest.raises(ConfigCompositionException, match="no_such_key"):
