@@ -34,9 +34,10 @@ SPREAD_BLOCK = 4  # pixels (of the analysis frame) a side of a block of frame_fe
 # `min_content` holds as given where the brighter of a frame and the one before it has a mean luma of
 # CONTENT_LUMA or more; below, in proportion to that luma (down to MIN_CONTENT_SHARE of it). A dim
 # picture's changes are as dim: bikes.mp4's cuts score 47 to 83, and at 15% of its contrast 8 to 14,
-# so that a fixed 15 found none of them. At 64, the frames of the music video's fade into black,
-# held on threes under grain (the bench's line), stood out as a cut.
-CONTENT_LUMA, MIN_CONTENT_SHARE = 40.0, 0.2
+# so that a fixed 15 found none of them. Not within `decide_after` frames of a dark frame, though,
+# where a fade into or out of black is: its steps, held on threes under grain, or at a low rate,
+# stood out as cuts (in the music video's fade to black, in the bench's lines).
+CONTENT_LUMA, MIN_CONTENT_SHARE = 64.0, 0.2
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
@@ -240,9 +241,16 @@ class AdaptiveDetector:
 
     def _hard(self, i: int) -> bool:
         """Whether frame i changes enough to start a shot (or to be a cut into or out of the dark,
-        not a fade): by `min_content`, less in a dim picture (CONTENT_LUMA)."""
+        not a fade): by `min_content`, less in a dim picture (CONTENT_LUMA) but in a fade."""
+        score = self.scores[i]
+        if score >= self.min_content:
+            return True
         light = max(self.lumas[i], self.lumas[i - 1])
-        return self.scores[i] >= self.min_content * min(1.0, max(MIN_CONTENT_SHARE, light / CONTENT_LUMA))
+        return score >= self.min_content * max(MIN_CONTENT_SHARE, light / CONTENT_LUMA) and not self._fading(i)
+
+    def _fading(self, i: int) -> bool:
+        """Whether frame i is near a dark frame (see CONTENT_LUMA), where a fade into or out of black is."""
+        return any(self.dark[max(0, i - self.decide_after):i + self.decide_after + 1])
 
     def _neighbours(self, i: int, step: int) -> list[int]:
         """Frame i's neighbours on one side (step -1 or +1): the `window` nearest frames that do not
