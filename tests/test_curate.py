@@ -284,7 +284,7 @@ def test_a_dim_recordings_cuts_are_found_and_no_more(bikes, tmp_path, light):
     13 to 32). A cut of a dim picture scores as dim, under `detector.min_content`: at 30% the cut at
     137 was missed, and at 20% all but the first. And each frame under a mean luma of 12 counted as
     dark, so that each time a dim shot's mean crossed 12 was a boundary (at 20%, one at 35; at 15%,
-    9 in 10 s, 5 of them in a row)."""
+    9 in 10 s, 5 of them between frames 52 and 58)."""
     frames = [(f * light).astype(np.uint8) for f in bikes_frames(bikes)]
     path = tmp_path / f"dim_{light}.mp4"
     _encode(path, frames, fps=25)

@@ -33,7 +33,7 @@ DARK_LUMA, DARK_SPREAD, BLACK_LUMA, DARK_STAY = 12.0, 3.0, 3.0, 1.5
 SPREAD_BLOCK = 4  # pixels (of the analysis frame) a side of a block of frame_features' spread
 # `min_content` holds as given where the brighter of a frame and the one before it has a mean luma of
 # CONTENT_LUMA or more; below, in proportion to that luma (down to MIN_CONTENT_SHARE of it). A dim
-# picture's changes are as dim: bikes.mp4's cuts score 47 to 83, and at 15% of its contrast 8 to 14,
+# picture's changes are as dim: bikes.mp4's cuts score 46 to 83, and at 15% of its contrast 8 to 14,
 # so that a fixed 15 found none of them. Not within `decide_after` frames of a dark frame, though,
 # where a fade into or out of black is: its steps, held on threes under grain, or at a low rate,
 # stood out as cuts (in the music video's fade to black, in the bench's lines).
