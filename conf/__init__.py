@@ -48,18 +48,16 @@ def _unset(cfg: DictConfig, key: str) -> bool:
 
 def config_groups(stage: str) -> str:
     """The groups of `--help` (hydra/help/vfm.yaml): one line for each group the stage's config
-    chooses from, with the options a user can choose, its default marked with a *. Hydra's own list
-    held every stage's groups, and the schemas (`_adaptive`, `_schema`), which are no option."""
-    defaults = OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml").defaults
+    chooses from, with its options (the YAML files in its folder), the default marked with a *.
+    Hydra's own list held every stage's groups."""
     lines = []
-    for entry in defaults:
-        if not isinstance(entry, DictConfig):
+    for entry in OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml").defaults:
+        if not isinstance(entry, DictConfig):  # the stage's schema, _self_
             continue
         (group, default), = entry.items()
-        if group.startswith("override "):
-            continue
-        options = sorted(p.stem for p in (schema.CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
-        lines.append(f"{group}: " + ", ".join(f"{o}*" if o == default else o for o in options))
+        if not group.startswith("override "):  # Hydra's own groups
+            options = sorted(p.stem for p in (schema.CONF_DIR / group).glob("*.yaml"))
+            lines.append(f"{group}: " + ", ".join(f"{o}*" if o == default else o for o in options))
     return "\n".join(lines)
 
 

@@ -10,10 +10,15 @@ import conf
 from conf import schema
 
 
-def _stage_groups(stage: str) -> list[str]:
-    """The groups named in a stage's defaults list."""
+def _stage_defaults(stage: str) -> dict[str, str]:
+    """The groups named in a stage's defaults list, each with its default option."""
     defaults = OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml")["defaults"]
-    return [next(iter(d)) for d in defaults if not isinstance(d, str) and not next(iter(d)).startswith("override ")]
+    return {next(iter(d)): next(iter(d.values())) for d in defaults
+            if not isinstance(d, str) and not next(iter(d)).startswith("override ")}
+
+
+def _stage_groups(stage: str) -> list[str]:
+    return list(_stage_defaults(stage))
 
 
 def _options(group: str) -> list[str]:
@@ -110,8 +115,7 @@ def test_a_commands_help_lists_its_usage_and_the_options_of_its_own_groups(stage
     assert r.returncode == 0, r.stderr[-2000:]
     head, config = r.stdout.split("== Config ==")
     assert head.startswith(f"Usage: {conf.USAGE[stage]}\n"), head
-    defaults = {next(iter(d)): next(iter(d.values())) for d in OmegaConf.load(schema.CONF_DIR / f"{stage}.yaml")
-                ["defaults"] if not isinstance(d, str) and not next(iter(d)).startswith("override ")}
+    defaults = _stage_defaults(stage)
     listed = {line.split(": ")[0]: line.split(": ")[1].split(", ") for line in head.splitlines() if ": " in line
               and not line.startswith("Usage")}
     assert listed == {g: [f"{o}*" if o == defaults[g] else o for o in _options(g)] for g in _stage_groups(stage)}

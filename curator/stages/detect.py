@@ -241,14 +241,14 @@ class AdaptiveDetector:
 
     def _hard(self, i: int) -> bool:
         """Whether frame i changes enough to start a shot (or to be a cut into or out of the dark,
-        not a fade): by `min_content`, less in a dim picture (CONTENT_LUMA) but in a fade."""
+        not a fade): by `min_content`, less in a dim picture (CONTENT_LUMA) but near a dark frame."""
         score = self.scores[i]
         if score >= self.min_content:
             return True
         light = max(self.lumas[i], self.lumas[i - 1])
-        return score >= self.min_content * max(MIN_CONTENT_SHARE, light / CONTENT_LUMA) and not self._fading(i)
+        return score >= self.min_content * max(MIN_CONTENT_SHARE, light / CONTENT_LUMA) and not self._near_dark(i)
 
-    def _fading(self, i: int) -> bool:
+    def _near_dark(self, i: int) -> bool:
         """Whether frame i is near a dark frame (see CONTENT_LUMA), where a fade into or out of black is."""
         return any(self.dark[max(0, i - self.decide_after):i + self.decide_after + 1])
 
