@@ -4,6 +4,7 @@ at the two sizes curation needs (a small analysis frame, and the transcode frame
 
 from __future__ import annotations
 
+import collections
 import functools
 import io
 import itertools
@@ -406,6 +407,32 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
             av.logging.set_level(level)
 
 
+def lost_data(demuxed: Iterator[av.Packet]) -> Iterator[tuple[av.Packet, bool]]:
+    """(packet, whether data was lost in it) for the packets of `demuxed`. MPEG-TS's demuxer flags
+    a packet corrupt where the continuity count of its transport packets jumps: bytes were lost (a
+    recording's dropped packets, a damaged copy), and H.264's decoder then decodes the picture with
+    a piece missing, and those predicted from it, without a word. The flag falls on the packet
+    before the one that lost data (FFmpeg's parser hands a packet's flags to the one it finishes),
+    so both are taken for damaged. The count also jumps where two files were joined end to end;
+    there the packets are whole, and the second file's first, a key frame, is one or two on. So a
+    flag with a key frame in the next two packets is taken for a join. (Where data was lost just
+    before a key frame, the picture or two it cut short are missed.) Only after a flagged packet
+    are the next two read before it is decoded."""
+    ahead: collections.deque[av.Packet] = collections.deque()  # read, not yet yielded
+    lost = 0  # of the packets next yielded, how many lost data
+    while True:
+        packet = ahead.popleft() if ahead else next(demuxed, None)
+        if packet is None:
+            return
+        if packet.is_corrupt and packet.size:
+            while len(ahead) < 2 and (more := next(demuxed, None)) is not None:
+                ahead.append(more)
+            if not any(p.is_keyframe for p in ahead):
+                lost = 2  # this one and the next
+        yield packet, lost > 0
+        lost = max(0, lost - 1)
+
+
 def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                     codec: str = "") -> Iterator[tuple[av.VideoFrame, bool]]:
     """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for errors of decoder
@@ -417,7 +444,10 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
         yield from ((b, damaged) for b in held)
         held.clear()
 
-    for packet in packets(container, stream):
+    lost_at = None  # the time from which data was lost (see lost_data)
+    for packet, lost in lost_data(packets(container, stream)):
+        if lost:
+            lost_at = -math.inf if packet.pts is None else min(packet.pts, math.inf if lost_at is None else lost_at)
         if logs:
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
         try:
@@ -441,6 +471,8 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
         for frame in frames:
             if frame.key_frame or frame.pict_type == PictureType.I:
                 damage.since_key = False  # predicted from nothing before it
+            if lost_at is not None and (frame.pts is None or frame.pts >= lost_at):
+                damage.since_key, lost_at = True, None  # this frame, or one shown before it, lost data
             if frame.is_corrupt or logged:
                 damage.since_key = True  # the frames predicted from it carry its errors on
             if frame.pict_type == PictureType.B and not damage.since_key and len(held) < MAX_HELD_B:

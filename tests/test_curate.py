@@ -816,6 +816,46 @@ def test_a_programme_that_appears_part_way_through_a_ts_leaves_the_first_one_who
     assert json.loads(sample["json"])["num_frames"] == 48
 
 
+def _ts_without(data: bytes, pes: int, drop: slice) -> bytes:
+    """An MPEG-TS file's bytes with transport packets `drop` (counted from the start of its `pes`th
+    video PES packet) left out, as a recorder that dropped packets writes it. The video is the
+    stream of the most transport packets (the file has no other)."""
+    cells = [data[i:i + 188] for i in range(0, len(data), 188)]
+    pids = [((c[1] & 0x1F) << 8) | c[2] for c in cells]
+    video = max(set(pids), key=pids.count)
+    starts = [i for i, (c, pid) in enumerate(zip(cells, pids, strict=True)) if pid == video and c[1] & 0x40]
+    ours = [i for i in range(starts[pes], starts[pes + 1]) if pids[i] == video]
+    gone = set(ours[drop])
+    return b"".join(c for i, c in enumerate(cells) if i not in gone)
+
+
+def test_frames_of_a_ts_that_lost_packets_are_marked_damaged_up_to_the_next_key_frame(bikes, tmp_path):
+    """Transport packets lost from the middle of a frame of an MPEG-TS file: H.264's decoder decodes
+    that frame with a piece missing, and the frames predicted from it, without marking any. The
+    demuxer's flag (its packets' continuity count jumps) now marks them, up to the next key frame.
+    Two whole files joined end to end make the count jump too, and mark nothing."""
+    from curator import media
+
+    path = tmp_path / "clean.ts"
+    _encode(path, bikes_frames(bikes)[:100], fps=25, gop=50)
+
+    def decoded(data: bytes) -> list[tuple[int, np.ndarray, bool]]:
+        (tmp_path / "in.ts").write_bytes(data)
+        with av.open(str(tmp_path / "in.ts")) as c:
+            s = media.video_stream(c)
+            return [(f.pts, f.to_ndarray(format="gray").astype(np.int16), damaged)
+                    for f, damaged in media.decoded_frames(c, s, media.Damage())]
+
+    clean = {pts: picture for pts, picture, _ in decoded(path.read_bytes())}
+    lost = decoded(_ts_without(path.read_bytes(), 20, slice(2, 4)))  # frame 20 of 100, its middle
+    broken = [i for i, (pts, picture, _) in enumerate(lost) if np.abs(picture - clean[pts]).mean() > 1]
+    marked = [i for i, (_, _, damaged) in enumerate(lost) if damaged]
+    assert len(lost) == 100 and broken and broken[0] >= 19, broken
+    assert set(broken) <= set(marked) and marked == list(range(marked[0], 50)) and marked[0] >= 18, marked
+    joined = decoded(path.read_bytes() * 2)
+    assert len(joined) == 200 and not any(damaged for _, _, damaged in joined)
+
+
 def test_a_recording_started_part_way_through_a_group_of_pictures_decodes_from_its_next_key_frame(curated):
     # 280 packets rejected in a row before the key frame: more than a damaged stretch may be.
     _, _, records, _ = curated
