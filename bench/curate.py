@@ -371,6 +371,39 @@ def dimmed(truth: dict, folder: Path, light: float) -> dict[str, dict]:
     return out
 
 
+SHAKES = (0.02, 0.04)  # the footage shaken by up to 2% and 4% of its width
+
+
+def shaken(truth: dict, folder: Path, shake: float, seed: int = 0) -> dict[str, dict]:
+    """Each video of `truth` as a shaken camera films it (held while running, on a vehicle): each
+    frame cropped at a random offset of up to `shake` times its width across and as much of its
+    height down (seeded), so that the picture jumps up to twice that between frames. The same cuts."""
+    import random
+
+    import av
+    import numpy as np
+
+    from curator.media import encode_clip
+
+    out = {}
+    for name, t in truth.items():
+        rng = random.Random(seed)
+        with av.open(t["path"]) as c:
+            frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        h, w = frames[0].shape[:2]
+        most = round(shake * w)
+        height, width = (h - 2 * most) // 2 * 2, (w - 2 * most) // 2 * 2  # even, as yuv420p needs
+        moved = []
+        for f in frames:
+            x, y = rng.randint(0, 2 * most), rng.randint(0, 2 * most * h // w)
+            moved.append(av.VideoFrame.from_ndarray(np.ascontiguousarray(f[y:y + height, x:x + width]),
+                                                    format="rgb24").reformat(format="yuv420p"))
+        path = folder / f"{Path(t['path']).stem}_shaken_{round(shake * 100)}.mp4"
+        path.write_bytes(encode_clip(moved, nominal_fps(t["path"]), crf=18, preset="veryfast"))
+        out[f"{name} shaken by {shake:.0%}"] = {"path": str(path), "cuts": t["cuts"]}
+    return out
+
+
 FLASH_FRAMES = (1, 3)  # a flash lasts from this many frames to this many
 FLASH_LEVELS = (90, 255)  # levels added to every channel: a camera flash, or a white frame
 
@@ -564,6 +597,12 @@ def main() -> None:
               "±1 frame):")
         for light, a in acc_dim.items():
             print(f"  {light:4.0%}       {overall(a)}")
+        acc_shaken = {shake: accuracy(shaken(steady, tmp, shake))[1] for shake in SHAKES}
+        shakes = " and ".join(f"{x:.0%}" for x in SHAKES)
+        print(f"\nThe same footage shaken, each frame at a random offset of up to {shakes} of its width (a camera "
+              "held while running, on a vehicle; ±1 frame):")
+        for shake, a in acc_shaken.items():
+            print(f"  {shake:4.0%}       {overall(a)}")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -632,6 +671,8 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
            for who, v in acc_held.items()},
         **{f"dim_{round(light * 100)}{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
            for light, a in acc_dim.items() for who, v in a.items()},
+        **{f"shaken_{round(shake * 100)}{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
+           for shake, a in acc_shaken.items() for who, v in a.items()},
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),
