@@ -416,8 +416,9 @@ def lost_data(demuxed: Iterator[av.Packet]) -> Iterator[tuple[av.Packet, bool]]:
     so both are taken for damaged. The count also jumps where two files were joined end to end;
     there the packets are whole, and the second file's first, a key frame, is one or two on. So a
     flag with a key frame in the next two packets is taken for a join. (Where data was lost just
-    before a key frame, the picture or two it cut short are missed.) Only after a flagged packet
-    are the next two read before it is decoded."""
+    before a key frame, the picture or two it cut short are missed.) MP4's demuxer flags the last
+    packet of a file cut short in its middle, which is taken for damaged the same way. Only after
+    a flagged packet are the next two read before it is decoded."""
     ahead: collections.deque[av.Packet] = collections.deque()  # read, not yet yielded
     lost = 0  # of the packets next yielded, how many lost data
     while True:
