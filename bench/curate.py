@@ -302,6 +302,24 @@ def dissolve_scores(found: list[list[int]], gold: list[list[int]]) -> tuple[int,
     return hit, left, false, clean
 
 
+def rgb_frames(path: str) -> list:
+    """Every frame of the video at `path`, as (h, w, 3) uint8 RGB."""
+    import av
+
+    with av.open(path) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+def write_rgb(frames, path: Path, fps: float) -> None:
+    """(h, w, 3) uint8 RGB frames as an H.264 mp4 at `path`, as the bench's made footage is written."""
+    import av
+
+    from curator.media import encode_clip
+
+    yuv = [av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p") for f in frames]
+    path.write_bytes(encode_clip(yuv, fps, crf=18, preset="veryfast"))
+
+
 def every_kth_frame(truth: dict, folder: Path, k: int) -> dict[str, dict]:
     """Each video of `truth` keeping every k-th frame, at 1/k of its rate: footage filmed at a low
     rate (a webcam's 12.5 fps, a GIF's 8): more motion between frames, the same cuts, each at the
@@ -328,23 +346,18 @@ def held_under_grain(truth: dict, folder: Path, k: int = HELD, grain: float = GR
     standard deviation of `grain` levels, new in every frame) over all: a cartoon drawn on threes as
     a film scan has it, or a slideshow filmed off a screen. The cuts move to the first frame that
     holds the new shot's picture."""
-    import av
     import numpy as np
-
-    from curator.media import encode_clip
 
     rng = np.random.default_rng(0)
     out = {}
     for name, t in truth.items():
-        with av.open(t["path"]) as c:
-            pictures = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        pictures = rgb_frames(t["path"])
         frames = []
         for i in range(len(pictures)):
             picture = pictures[i // k * k].astype(np.float32)
-            grained = np.clip(picture + rng.normal(0, grain, picture.shape), 0, 255).astype(np.uint8)
-            frames.append(av.VideoFrame.from_ndarray(grained, format="rgb24").reformat(format="yuv420p"))
+            frames.append(np.clip(picture + rng.normal(0, grain, picture.shape), 0, 255).astype(np.uint8))
         path = folder / f"{Path(t['path']).stem}_held_{k}.mp4"
-        path.write_bytes(encode_clip(frames, nominal_fps(t["path"]), crf=18, preset="veryfast"))
+        write_rgb(frames, path, nominal_fps(t["path"]))
         out[f"{name}, held on {k}s"] = {"path": str(path), "cuts": sorted({-(-c // k) * k for c in t["cuts"]})}
     return out
 
@@ -355,18 +368,12 @@ DIM_LIGHTS = (0.3, 0.2)  # the footage at 30% and 20% of its light
 def dimmed(truth: dict, folder: Path, light: float) -> dict[str, dict]:
     """Each video of `truth` with every pixel at `light` times its level (RGB): a night scene, a
     video shot underexposed; mean lumas of 13 to 32 at 20% and 30% for bikes.mp4. The same cuts."""
-    import av
     import numpy as np
-
-    from curator.media import encode_clip
 
     out = {}
     for name, t in truth.items():
-        with av.open(t["path"]) as c:
-            frames = [av.VideoFrame.from_ndarray((f.to_ndarray(format="rgb24") * light).astype(np.uint8),
-                                                 format="rgb24").reformat(format="yuv420p") for f in c.decode(video=0)]
         path = folder / f"{Path(t['path']).stem}_light_{round(light * 100)}.mp4"
-        path.write_bytes(encode_clip(frames, nominal_fps(t["path"]), crf=18, preset="veryfast"))
+        write_rgb([(f * light).astype(np.uint8) for f in rgb_frames(t["path"])], path, nominal_fps(t["path"]))
         out[f"{name} at {light:.0%} of its light"] = {"path": str(path), "cuts": t["cuts"]}
     return out
 
@@ -380,26 +387,21 @@ def shaken(truth: dict, folder: Path, shake: float, seed: int = 0) -> dict[str, 
     height down (seeded), so that the picture jumps up to twice that between frames. The same cuts."""
     import random
 
-    import av
     import numpy as np
-
-    from curator.media import encode_clip
 
     out = {}
     for name, t in truth.items():
         rng = random.Random(seed)
-        with av.open(t["path"]) as c:
-            frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        frames = rgb_frames(t["path"])
         h, w = frames[0].shape[:2]
         most = round(shake * w)
         height, width = (h - 2 * most) // 2 * 2, (w - 2 * most) // 2 * 2  # even, as yuv420p needs
         moved = []
         for f in frames:
             x, y = rng.randint(0, 2 * most), rng.randint(0, 2 * most * h // w)
-            moved.append(av.VideoFrame.from_ndarray(np.ascontiguousarray(f[y:y + height, x:x + width]),
-                                                    format="rgb24").reformat(format="yuv420p"))
+            moved.append(np.ascontiguousarray(f[y:y + height, x:x + width]))
         path = folder / f"{Path(t['path']).stem}_shaken_{round(shake * 100)}.mp4"
-        path.write_bytes(encode_clip(moved, nominal_fps(t["path"]), crf=18, preset="veryfast"))
+        write_rgb(moved, path, nominal_fps(t["path"]))
         out[f"{name} shaken by {shake:.0%}"] = {"path": str(path), "cuts": t["cuts"]}
     return out
 

@@ -445,10 +445,10 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
         yield from ((b, damaged) for b in held)
         held.clear()
 
-    lost_at = None  # the time from which data was lost (see lost_data)
+    lost_at = math.inf  # the time from which data was lost (see lost_data), inf while none was
     for packet, lost in lost_data(packets(container, stream)):
         if lost:
-            lost_at = -math.inf if packet.pts is None else min(packet.pts, math.inf if lost_at is None else lost_at)
+            lost_at = min(lost_at, -math.inf if packet.pts is None else packet.pts)
         if logs:
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
         try:
@@ -472,8 +472,8 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
         for frame in frames:
             if frame.key_frame or frame.pict_type == PictureType.I:
                 damage.since_key = False  # predicted from nothing before it
-            if lost_at is not None and (frame.pts is None or frame.pts >= lost_at):
-                damage.since_key, lost_at = True, None  # this frame, or one shown before it, lost data
+            if lost_at < math.inf and (frame.pts is None or frame.pts >= lost_at):
+                damage.since_key, lost_at = True, math.inf  # this frame, or one shown before it, lost data
             if frame.is_corrupt or logged:
                 damage.since_key = True  # the frames predicted from it carry its errors on
             if frame.pict_type == PictureType.B and not damage.since_key and len(held) < MAX_HELD_B:

@@ -143,6 +143,13 @@ def _hann(h: int, w: int) -> np.ndarray:
     return np.outer(np.hanning(h), np.hanning(w)).astype(np.float32)
 
 
+def phase_correlation(spectra_a: np.ndarray, spectra_b: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(..., h, w): the phase correlation of views of `shape` (h, w) from their spectra (rfft2 over
+    the last two axes); its peak lies at the shift (dy, dx) that moves a onto b, wrapped around."""
+    cross = spectra_b * np.conj(spectra_a)
+    return np.fft.irfft2(cross / np.maximum(np.abs(cross), 1e-6), s=shape, axes=(-2, -1))
+
+
 class PictureBox:
     """The part of a stream's analysis frames that has shown picture so far: from the first to the
     last row, and column, in which some frame had a pixel brighter than a black bar. Letterbox and
@@ -329,26 +336,31 @@ class AdaptiveDetector:
         return score(i) / max(sum(near) / max(len(near), 1), 1e-3)
 
     def _steady(self, i: int) -> float:
-        """Frame i's score with the camera's shake taken out (see STEADY_CONTENT): its difference to
-        the frame before moved by the whole-pixel shift that lays that one on it best (the peak of
-        their phase correlation), where that is less than its score. The frame after a passed-over
-        damaged run keeps its score."""
+        """Frame i's score with the camera's shake taken out (see STEADY_CONTENT): the least of its
+        score and its change over the shift that lays the frame before on it best."""
         if i not in self._steadies:
-            score = self.scores[i]
-            if i - 1 in self._recent and i in self._recent and i not in self.spans:
-                (a, sa), (b, sb) = self._spectrum(i - 1), self._spectrum(i)
-                h, w = a.shape[:2]
-                if a.shape == b.shape and min(h, w) >= 8:
-                    cross = sb * np.conj(sa)
-                    corr = np.fft.irfft2(cross / np.maximum(np.abs(cross), 1e-6), s=(h, w))  # (h, w), peak at the shift
-                    dy, dx = np.unravel_index(int(corr.argmax()), corr.shape)
-                    dy, dx = (dy - h if dy > h // 2 else dy), (dx - w if dx > w // 2 else dx)
-                    if 0 < abs(dx) + abs(dy) and abs(dx) <= w // 4 and abs(dy) <= h // 4:
-                        moved = b[max(0, dy):h + min(0, dy), max(0, dx):w + min(0, dx)]  # the part both show
-                        before = a[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
-                        score = min(score, float(np.abs(moved - before).mean()))
-            self._steadies[i] = score
+            self._steadies[i] = min(self.scores[i], self._shifted_change(i))
         return self._steadies[i]
+
+    def _shifted_change(self, i: int) -> float:
+        """Frame i's difference to the frame before it moved by the whole-pixel shift at the peak of
+        their phase correlation, over the part both show; inf where there is no such shift (none, or
+        more than a quarter of the frame), or no frame before to move (the frame after a passed-over
+        damaged run, frames of another size)."""
+        if i - 1 not in self._recent or i not in self._recent or i in self.spans:
+            return np.inf
+        (a, sa), (b, sb) = self._spectrum(i - 1), self._spectrum(i)
+        h, w = a.shape[:2]
+        if a.shape != b.shape or min(h, w) < 8:
+            return np.inf
+        corr = phase_correlation(sa, sb, (h, w))  # (h, w)
+        dy, dx = np.unravel_index(int(corr.argmax()), corr.shape)
+        dy, dx = (dy - h if dy > h // 2 else dy), (dx - w if dx > w // 2 else dx)
+        if not 0 < abs(dx) + abs(dy) or abs(dx) > w // 4 or abs(dy) > h // 4:
+            return np.inf
+        moved = b[max(0, dy):h + min(0, dy), max(0, dx):w + min(0, dx)]  # the part both show
+        before = a[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
+        return float(np.abs(moved - before).mean())
 
     def _spectrum(self, x: int) -> tuple[np.ndarray, np.ndarray]:
         """Frame x inside the picture box, as (h, w, 3) float32 and as the spectrum of its luma under

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from curator.stages.detect import LUMA
+from curator.stages.detect import LUMA, phase_correlation
 
 CHANGED_LEVEL = 8.0  # a pixel moving more than this (0..255) in a channel between frames has changed
 CAMERA_MOTION_AREA = 0.3  # above this fraction of the frame off the median, no one object stands apart
@@ -87,8 +87,7 @@ def _shifts(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> np.ndarray:
     n, h, w = a.shape
     views = np.concatenate([a, b])  # (2n, h, w)
     spectra = np.fft.rfft2((views - views.mean((1, 2), keepdims=True)) * window, axes=(1, 2))
-    r = spectra[n:] * np.conj(spectra[:n])  # (n, h, w // 2 + 1): the spectra of real views, half of each
-    corr = np.fft.irfft2(r / np.maximum(np.abs(r), 1e-6), s=(h, w), axes=(1, 2))  # (n, h, w)
+    corr = phase_correlation(spectra[:n], spectra[n:], (h, w))  # (n, h, w)
     py, px = np.divmod(corr.reshape(n, -1).argmax(1), w)  # (n,) each
     each = np.arange(n)
     peak = corr[each, py, px]
