@@ -459,6 +459,16 @@ def overall(acc: dict) -> str:
     return f"ours P/R/F1 {ours}; pyscenedetect {psd}"
 
 
+def made_lines(truth: dict, folder: Path, make, amounts: tuple, title: str) -> dict[float, dict]:
+    """The accuracy of the footage `make(truth, folder, amount)` makes, for each amount, printed
+    under `title` one line each: {amount: accuracy}."""
+    acc = {x: accuracy(make(truth, folder, x))[1] for x in amounts}
+    print(title)
+    for x, a in acc.items():
+        print(f"  {x:4.0%}       {overall(a)}")
+    return acc
+
+
 def timed(fn, *args) -> float:
     t0 = time.perf_counter()
     fn(*args)
@@ -616,24 +626,19 @@ def main() -> None:
         from curator.media import probe
 
         steady = {n: t for n, t in {**truth, **real}.items() if not probe(t["path"]).vfr}
-        acc_dim = {light: accuracy(dimmed(steady, tmp, light))[1] for light in DIM_LIGHTS}
-        print(f"\nThe same footage dim, at {' and '.join(f'{x:.0%}' for x in DIM_LIGHTS)} of its light (a night scene, "
-              f"an underexposed video; {', '.join(steady)}, {sum(len(t['cuts']) for t in steady.values())} cuts; "
-              "±1 frame):")
-        for light, a in acc_dim.items():
-            print(f"  {light:4.0%}       {overall(a)}")
-        acc_shaken = {shake: accuracy(shaken(steady, tmp, shake))[1] for shake in SHAKES}
+        acc_dim = made_lines(steady, tmp, dimmed, DIM_LIGHTS,
+                             f"\nThe same footage dim, at {' and '.join(f'{x:.0%}' for x in DIM_LIGHTS)} of its light "
+                             f"(a night scene, an underexposed video; {', '.join(steady)}, "
+                             f"{sum(len(t['cuts']) for t in steady.values())} cuts; ±1 frame):")
         shakes = " and ".join(f"{x:.0%}" for x in SHAKES)
-        print(f"\nThe same footage shaken, each frame at a random offset of up to {shakes} of its width (a camera "
-              "held while running, on a vehicle; ±1 frame):")
-        for shake, a in acc_shaken.items():
-            print(f"  {shake:4.0%}       {overall(a)}")
-        acc_flicker = {flicker: accuracy(flickered(steady, tmp, flicker))[1] for flicker in FLICKERS}
+        acc_shaken = made_lines(steady, tmp, shaken, SHAKES,
+                                f"\nThe same footage shaken, each frame at a random offset of up to {shakes} of its "
+                                "width (a camera held while running, on a vehicle; ±1 frame):")
         flickers = " and ".join(f"{x:.0%}" for x in FLICKERS)
-        print(f"\nThe same footage in a flickering light, each frame at a random 1 ± up to {flickers} times its light "
-              "(an old film's exposure, a lamp on mains power; ±1 frame):")
-        for flicker, a in acc_flicker.items():
-            print(f"  {flicker:4.0%}       {overall(a)}")
+        acc_flicker = made_lines(steady, tmp, flickered, FLICKERS,
+                                 f"\nThe same footage in a flickering light, each frame at a random 1 ± up to "
+                                 f"{flickers} times its light (an old film's exposure, a lamp on mains power; "
+                                 "±1 frame):")
         one = stage(corpus(), tmp / "x1", 1)
         many = stage(corpus(), tmp / f"x{args.repeat}", args.repeat)
         paths = sorted(str(p) for p in many.iterdir())
