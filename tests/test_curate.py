@@ -345,6 +345,18 @@ def test_a_light_switched_off_or_on_inside_a_shot_is_no_cut(bikes, tmp_path, gai
     assert result["scene_cuts"] == result["boundaries"] == [30, 76]
 
 
+def test_a_cut_to_a_plain_grey_card_is_a_cut(bikes, tmp_path):
+    """bikes.mp4's first 40 frames, then a plain mid-grey card (a title's background): a cut at 40. A
+    plain frame fits any picture at a gain of 0 with nothing left over: taken for the picture before
+    in another light, it was no cut."""
+    from curator.stages.detect import detect_file
+
+    path = tmp_path / "grey_card.mp4"
+    _encode(path, [*bikes_frames(bikes)[:40], *[np.full_like(bikes_frames(bikes)[0], 128)] * 20], fps=25)
+    result = detect_file(str(path), _cfg(tmp_path, tmp_path / "out").detector)
+    assert result["scene_cuts"] == result["boundaries"] == [30, 40]
+
+
 def test_the_first_frames_are_weighed_against_real_neighbours_only():
     """Frame 0 has no score (there is no frame before it). Counted as a neighbour of frames 1 and 2
     as 0, it made an exposure settling at the start of a recording stand out as a cut."""

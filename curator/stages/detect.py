@@ -369,7 +369,7 @@ class AdaptiveDetector:
             return np.inf
         a, b = a - a.mean(), b - b.mean()  # (h, w, 3) each
         cov, var_a, var_b = float((a * b).mean()), float((a * a).mean()), float((b * b).mean())
-        if cov < LIGHT_CORR * np.sqrt(var_a * var_b) or var_a == 0:
+        if not cov > 0 or cov < LIGHT_CORR * np.sqrt(var_a * var_b):  # (a plain frame fits any at gain 0)
             return np.inf
         return float(np.abs(b - cov / var_a * a).mean())
 
