@@ -314,16 +314,18 @@ def test_a_shaken_recordings_cuts_are_found_and_no_more(bikes, tmp_path):
     assert [s for s, _ in record["shots"]] == [0, 30, 76, 137, 187, 242]
 
 
-def test_a_flickering_recordings_cuts_are_found_and_no_more(bikes, tmp_path):
+@pytest.mark.parametrize("flicker, seed", [(0.2, 2), (0.3, 0)])
+def test_a_flickering_recordings_cuts_are_found_and_no_more(bikes, tmp_path, flicker, seed):
     """An old film's exposure changing from frame to frame, a lamp on mains power: each of bikes.mp4's
-    frames at a random 0.8 to 1.2 times its light. Every frame then changes a lot: the cut at 137
-    stood out too little against its neighbours, and a frame whose light jumped more than theirs (231)
-    stood out as a cut. With the change of light taken out (detect.LIGHT_CORR), the five cuts are
-    found, and nothing else."""
+    frames at a random 1 ± 0.2 (0.3) times its light. Every frame then changes a lot: at 0.2 the cut at
+    137 stood out too little against its neighbours, and a frame whose light jumped more than theirs
+    (231) stood out as a cut; with the change of light taken out (detect.LIGHT_CORR), the five cuts are
+    found, and nothing else. At 0.3 the cut at 242 was taken for a flash: the frames either side of it
+    came nearer each other than 0.6 of the cut's change, which was the light's as well as the cut's."""
     from curator.stages.detect import detect_file
 
-    rng = random.Random(2)
-    frames = [np.clip(f * rng.uniform(0.8, 1.2), 0, 255).astype(np.uint8) for f in bikes_frames(bikes)]
+    rng = random.Random(seed)
+    frames = [np.clip(f * rng.uniform(1 - flicker, 1 + flicker), 0, 255).astype(np.uint8) for f in bikes_frames(bikes)]
     path = tmp_path / "flickering.mp4"
     _encode(path, frames, fps=25)
     result = detect_file(str(path), _cfg(tmp_path, tmp_path / "out").detector)

@@ -341,7 +341,7 @@ class AdaptiveDetector:
         stands_out = (self._stands_out(i, sides, self.scores.__getitem__) >= threshold
                       or self._steady(i) >= STEADY_CONTENT * self._min_content_at(i)) \
             and self._stands_out(i, sides, self._steady) >= threshold
-        return stands_out and not self._flash_at(i)
+        return stands_out and not self._flash_at(i, in_any_light=True)
 
     def _stands_out(self, i: int, sides: tuple[list[int], list[int]], score) -> float:
         """Frame i's `score(i)` over the mean of its neighbours' (`sides`), each over the frames it spans."""
@@ -433,12 +433,26 @@ class AdaptiveDetector:
         lo, hi = min(i, x), max(i, x)
         return hi - lo - sum(y in self.damaged for y in range(lo + 1, hi))
 
-    def _flash_at(self, i: int) -> bool:
+    def _flash_at(self, i: int, in_any_light: bool = False) -> bool:
         """Whether the change at frame i goes into or out of a flash (see flash_end); the frames up
-        to the flash's end start no shot."""
+        to the flash's end start no shot. `in_any_light`: only where it is a flash too with each
+        frame's mean level taken out (see LIGHT_CORR), where the change is a cut's so too: in a
+        flickering light a cut's change is the cut's and the light's, and frames either side of it
+        came nearer than FLASH_RATIO of that."""
         box = self._box.box
-        end = flash_end(lambda x: self._recent[x][box] if x in self._recent else None, i, self.flash_frames,
-                        self.scores[i])
+
+        def frame(x: int) -> np.ndarray | None:
+            return self._recent[x][box] if x in self._recent else None
+
+        def centred(x: int) -> np.ndarray | None:  # (h, w, 3) float32, less its mean level
+            f = frame(x)
+            return None if f is None else f.astype(np.float32) - f.mean()
+
+        end = flash_end(frame, i, self.flash_frames, self.scores[i])
+        if end is not None and in_any_light and i - 1 in self._recent and i in self._recent:
+            change = float(np.abs(centred(i) - centred(i - 1)).mean())
+            if change >= self._min_content_at(i):  # (less: a change mostly of light, a flash as it is)
+                end = flash_end(centred, i, self.flash_frames, change)
         if end is None:
             return False
         self._flash_end = max(self._flash_end, end)
