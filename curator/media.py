@@ -42,7 +42,7 @@ class Probe:
     width: int  # as displayed: pixels made square, then rotated
     height: int
     duration_s: float
-    rotation: int  # degrees counter-clockwise to turn decoded frames upright
+    rotation: int  # degrees counter-clockwise to turn decoded frames upright: 0, 90, 180 or 270
     codec: str
     vfr: bool  # variable frame rate: the average rate differs from the nominal one
     # The rate the frames come at where the stream runs steadily (see filmed_rate); `fps` when the
@@ -56,6 +56,8 @@ class Probe:
     # The first frame's outer rows, or its outer columns, are black: it may be letterboxed (or black)
     dark_edges: bool = False
     stated_s: float = 0.0  # the video's duration as the header states it (see stated_duration); 0: unknown
+    # The turn the stream's display matrix states, where it is not a right angle (see right_angle); else None
+    stated_rotation: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +66,14 @@ class Probe:
 # FFmpeg's colour codes (AVColorTransferCharacteristic, AVColorPrimaries).
 HDR_TRANSFERS = {16: "pq", 18: "hlg"}  # SMPTE ST 2084, ARIB STD-B67
 BT2020 = 9
+
+
+def right_angle(degrees: int) -> int:
+    """The right angle (0, 90, 180, 270) nearest a stated turn of `degrees` (0..359), the smaller
+    one where two are as near (45 -> 0). A display matrix may state any angle, but a picture turned
+    by another would need corners filled in (FFmpeg's CLI fills them black); players mostly take the
+    stored frame as it is."""
+    return (degrees + 44) // 90 * 90 % 360
 
 
 def _rate(value) -> float:
@@ -543,7 +553,8 @@ def probe(path: str) -> Probe:
                 n = damage.skipped_packets
                 rejected = f", the decoder rejected {n} packet(s)" if n else ""
                 raise MediaError(f"no decodable video frame ({ctx.name} stream{rejected})")
-            rotation = int(getattr(first, "rotation", 0) or 0) % 360
+            stated = round(getattr(first, "rotation", 0) or 0) % 360
+            rotation = right_angle(stated)
             avg, nominal = _rate(stream.average_rate), _rate(stream.base_rate or stream.guessed_rate)
             gaps = frame_gaps(container, stream) if avg and nominal and abs(avg - nominal) / nominal > 0.01 else None
             if gaps is not None and len(gaps) >= 8 and avg * gaps.min() > 2:
@@ -573,6 +584,7 @@ def probe(path: str) -> Probe:
                 height=height,
                 duration_s=duration,
                 rotation=rotation,
+                stated_rotation=stated if stated != rotation else None,
                 codec=getattr(stand_in(path), "codec", None) or ctx.name,  # an animated WebP's: webp
                 vfr=vfr,
                 filmed_fps=filmed_rate(gaps, fps, nominal) if vfr else fps,

@@ -1814,6 +1814,23 @@ def test_sandbox_child_loads_the_jobs_module_before_the_first_job():
             sandbox.close()
 
 
+@pytest.mark.parametrize("stated, turned", [(100, 90), (45, 0)])
+def test_a_turn_that_is_no_right_angle_is_the_nearest_one_and_said(bikes, tmp_path, stated, turned):
+    """A display matrix may state any turn. At 100 degrees the frames were turned by 90 (100 // 90) while
+    the record gave the unturned size; at 135 the same. Now: the nearest right angle, the smaller of
+    two as near (45 -> 0), the record's size that of its clips, and a warning with the stated turn."""
+    path = tmp_path / f"turned_{stated}.mp4"
+    _encode(path, [np.ascontiguousarray(f[::4, ::4]) for f in bikes_frames(bikes)[:30]], fps=25, rotation=stated)
+    record, (clip,) = process_source(str(path), "turned", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok" and record["rotation"] == turned
+    assert (record["width"], record["height"]) == ((68, 160) if turned == 90 else (160, 68))
+    said = int(re.search(r"turned by (\d+) degrees, not a right angle", record["warning"])[1])
+    assert abs(said - stated) <= 1  # (as the matrix's fixed point numbers and PyAV's rounding have it)
+    with av.open(io.BytesIO(clip.mp4)) as c:
+        shown = (c.streams.video[0].width, c.streams.video[0].height)
+    assert (shown[0] < shown[1]) == (turned == 90)
+
+
 @pytest.mark.parametrize("rotation", [90, 180, 270])
 def test_rotation_turns_yuv_planes_like_the_picture(rotation):
     from curator.media import _rotate_yuv420p

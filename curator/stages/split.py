@@ -584,6 +584,9 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
     timings["decode_detect_s"] = time.perf_counter() - t_loop - timings["score_s"] - encoder.blocked_s
 
     cuts = getattr(detector, "scene_cuts", [s for s, _ in splitter.shots[1:]])
+    if p.stated_rotation is not None:
+        warnings.append(f"the stream asks to be turned by {p.stated_rotation} degrees, not a right angle: its frames "
+                        f"are turned by the nearest one, {p.rotation}")
     # As decoded, like num_frames: a header can lack a duration (a live WebM) or overstate it (a cut download).
     record["duration_s"] = round(times[-1] + 1 / p.fps, 4)
     if p.stated_s and record["duration_s"] < p.stated_s - max(CUT_SHORT_S, CUT_SHORT_SHARE * p.stated_s):
