@@ -57,7 +57,7 @@ STEADY_CONTENT = 1.5
 # shutter out of step with it, a camera's exposure hunting) changes every frame's brightness its own
 # way, as a shake moves it: cuts stood out too little, and a frame whose light jumped more than its
 # neighbours' stood out as a cut (as did a light switched on or off). The change with the light taken
-# out (see _relit_change) compares a frame with the one before at the gain and offset that fit it
+# out (see relit_change) compares a frame with the one before at the gain and offset that fit it
 # best, where the two correlate by LIGHT_CORR or more: one picture in two lights (0.96 for bikes.mp4
 # darkened or brightened by 30% from one frame on), where frames either side of a cut correlated by
 # 0.72 at most (218 cuts of the bench's footage, median 0.10). A cut must stand out with the shake
@@ -159,6 +159,35 @@ def phase_correlation(spectra_a: np.ndarray, spectra_b: np.ndarray, shape: tuple
     the last two axes); its peak lies at the shift (dy, dx) that moves a onto b, wrapped around."""
     cross = spectra_b * np.conj(spectra_a)
     return np.fft.irfft2(cross / np.maximum(np.abs(cross), 1e-6), s=shape, axes=(-2, -1))
+
+
+def shifted_change(a: np.ndarray, spectrum_a: np.ndarray, b: np.ndarray, spectrum_b: np.ndarray) -> float:
+    """Frame b's difference to frame a ((h, w, 3) float32 each, with the spectra of their luma) moved by
+    the whole-pixel shift at the peak of their phase correlation, over the part both show; inf where
+    there is no such shift (none, or more than a quarter of the frame)."""
+    h, w = a.shape[:2]
+    if min(h, w) < 8:
+        return np.inf
+    corr = phase_correlation(spectrum_a, spectrum_b, (h, w))  # (h, w)
+    dy, dx = np.unravel_index(int(corr.argmax()), corr.shape)
+    dy, dx = (dy - h if dy > h // 2 else dy), (dx - w if dx > w // 2 else dx)
+    if not 0 < abs(dx) + abs(dy) or abs(dx) > w // 4 or abs(dy) > h // 4:
+        return np.inf
+    moved = b[max(0, dy):h + min(0, dy), max(0, dx):w + min(0, dx)]  # the part both show
+    before = a[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
+    return float(np.abs(moved - before).mean())
+
+
+def relit_change(a: np.ndarray, b: np.ndarray) -> float:
+    """Frame b's difference to frame a ((h, w, 3) float32 each) with the change of light taken out (see
+    LIGHT_CORR): to frame a at the gain and offset (one for all three channels) that lay it on frame b
+    best (least squares); inf where the two correlate by less than LIGHT_CORR (not one picture in two
+    lights)."""
+    a, b = a - a.mean(), b - b.mean()  # (h, w, 3) each
+    cov, var_a, var_b = float((a * b).mean()), float((a * a).mean()), float((b * b).mean())
+    if not cov > 0 or cov < LIGHT_CORR * np.sqrt(var_a * var_b):  # (a plain frame fits any at gain 0)
+        return np.inf
+    return float(np.abs(b - cov / var_a * a).mean())
 
 
 class PictureBox:
@@ -351,47 +380,17 @@ class AdaptiveDetector:
     def _steady(self, i: int) -> float:
         """Frame i's score with the camera's shake or a flickering light taken out (see STEADY_CONTENT
         and LIGHT_CORR): the least of its score, its change over the shift that lays the frame before
-        on it best, and its change with the light's change taken out."""
+        on it best (shifted_change), and its change with the light's change taken out (relit_change).
+        Its score where there is no frame before to compare: the frame after a passed-over damaged
+        run, frames of another size."""
         if i not in self._steadies:
-            self._steadies[i] = min(self.scores[i], self._shifted_change(i), self._relit_change(i))
+            score = self.scores[i]
+            if i - 1 in self._recent and i in self._recent and i not in self.spans:
+                (a, sa), (b, sb) = self._spectrum(i - 1), self._spectrum(i)
+                if a.shape == b.shape:
+                    score = min(score, shifted_change(a, sa, b, sb), relit_change(a, b))
+            self._steadies[i] = score
         return self._steadies[i]
-
-    def _relit_change(self, i: int) -> float:
-        """Frame i's difference to the frame before it with the change of light taken out (see
-        LIGHT_CORR): to the frame before at the gain and offset (one for all three channels) that lay
-        it on frame i best (least squares); inf where the two correlate by less than LIGHT_CORR (not
-        one picture in two lights), or there is no frame before to compare (see _shifted_change)."""
-        if i - 1 not in self._recent or i not in self._recent or i in self.spans:
-            return np.inf
-        box = self._box.box
-        a, b = self._recent[i - 1][box].astype(np.float32), self._recent[i][box].astype(np.float32)
-        if a.shape != b.shape:
-            return np.inf
-        a, b = a - a.mean(), b - b.mean()  # (h, w, 3) each
-        cov, var_a, var_b = float((a * b).mean()), float((a * a).mean()), float((b * b).mean())
-        if not cov > 0 or cov < LIGHT_CORR * np.sqrt(var_a * var_b):  # (a plain frame fits any at gain 0)
-            return np.inf
-        return float(np.abs(b - cov / var_a * a).mean())
-
-    def _shifted_change(self, i: int) -> float:
-        """Frame i's difference to the frame before it moved by the whole-pixel shift at the peak of
-        their phase correlation, over the part both show; inf where there is no such shift (none, or
-        more than a quarter of the frame), or no frame before to move (the frame after a passed-over
-        damaged run, frames of another size)."""
-        if i - 1 not in self._recent or i not in self._recent or i in self.spans:
-            return np.inf
-        (a, sa), (b, sb) = self._spectrum(i - 1), self._spectrum(i)
-        h, w = a.shape[:2]
-        if a.shape != b.shape or min(h, w) < 8:
-            return np.inf
-        corr = phase_correlation(sa, sb, (h, w))  # (h, w)
-        dy, dx = np.unravel_index(int(corr.argmax()), corr.shape)
-        dy, dx = (dy - h if dy > h // 2 else dy), (dx - w if dx > w // 2 else dx)
-        if not 0 < abs(dx) + abs(dy) or abs(dx) > w // 4 or abs(dy) > h // 4:
-            return np.inf
-        moved = b[max(0, dy):h + min(0, dy), max(0, dx):w + min(0, dx)]  # the part both show
-        before = a[max(0, -dy):h + min(0, -dy), max(0, -dx):w + min(0, -dx)]
-        return float(np.abs(moved - before).mean())
 
     def _spectrum(self, x: int) -> tuple[np.ndarray, np.ndarray]:
         """Frame x inside the picture box, as (h, w, 3) float32 and as the spectrum of its luma under
