@@ -11,7 +11,7 @@ import itertools
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -124,13 +124,16 @@ FAST_MS, SHOWN_MS = 10, 100
 @dataclass
 class StandIn:
     """The video that stands in for a source (see stand_in): `file` holds it; `unread` counts an
-    animated WebP's frames from a damaged one on, which Pillow could not decode; `cut_short`, for a
-    WebP that ends before the size its header states, says so."""
+    animated WebP's frames from a damaged one on, which Pillow could not decode; `note` says what
+    was wrong with the source and what was done (a WebP that ends before the size its header
+    states, an MP4 realigned); `lost` holds the byte positions of packets whose data is gone (an
+    MP4 that lost bytes), which are not decoded."""
 
-    file: tempfile.SpooledTemporaryFile
+    file: tempfile.SpooledTemporaryFile | _Realigned
     codec: str | None = None  # the source's codec in its record (Probe.codec), where not the stand-in's own
     unread: int = 0
-    cut_short: str | None = None
+    note: str | None = None
+    lost: frozenset[int] = frozenset()
 
     def reader(self) -> _SharedReader:
         return _SharedReader(self.file)
@@ -231,7 +234,7 @@ def webp_video(path: str) -> StandIn:
         why = f"{cut_short} (an interrupted download or copy), before its first frame" if cut_short else e
         raise MediaError(f"cannot read animated WebP: {why}") from e
     if cut_short:
-        video.cut_short = f"{cut_short} (an interrupted download or copy): the frames in it were kept"
+        video.note = f"{cut_short} (an interrupted download or copy): the frames in it were kept"
     return video
 
 
@@ -281,11 +284,13 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
         return webp_video(path)
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
+    if head[4:8] == b"ftyp":
+        return realigned_iso(path)
     return None
 
 
 def stand_in(path: str) -> StandIn | None:
-    """The video that stands in for the source at `path` (webp_video, retimed_gif), or None for one
+    """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso), or None for one
     that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
@@ -338,7 +343,17 @@ class Damage:
         self.key_at: int | None = None  # the place in this run of its first rejected key frame
         self.since_key = False  # a frame was lost or concealed since the last intra frame
         self.unread = 0  # an animated WebP's frames from a damaged one on, which Pillow could not decode
-        self.cut_short: str | None = None  # an animated WebP that ends before its header's size: what is there
+        self.note: str | None = None  # the stand-in's word on the source (StandIn.note)
+        self.lost: frozenset[int] = frozenset()  # byte positions of packets whose data is gone (StandIn.lost)
+        self.lost_packets = 0  # of those, met and left out
+
+    @classmethod
+    def of(cls, path: str) -> Damage:
+        """A count for the source at `path`, with what its stand-in (if any) knows of it."""
+        damage = cls()
+        if (video := stand_in(path)) is not None:
+            damage.unread, damage.note, damage.lost = video.unread, video.note, video.lost
+        return damage
 
     def summary(self) -> str | None:
         parts = []
@@ -346,10 +361,12 @@ class Damage:
             parts.append(f"{self.skipped_packets} packets could not be decoded and were skipped")
         if self.damaged_frames:
             parts.append(f"{self.damaged_frames} frames came out damaged")
+        if self.lost_packets:
+            parts.append(f"{self.lost_packets} packets whose data is gone were left out")
         if self.unread:
             parts.append(f"its last {self.unread} frames could not be decoded and were left out")
         lines = [f"damaged stream: {', '.join(parts)}"] if parts else []
-        return "; ".join(lines + [self.cut_short] if self.cut_short else lines) or None
+        return "; ".join(lines + [self.note] if self.note else lines) or None
 
 
 def packets(container, stream) -> Iterator[av.Packet]:
@@ -456,9 +473,23 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
         held.clear()
 
     lost_at = math.inf  # the time from which data was lost (see lost_data), inf while none was
+    after_lost, after_lost_pts = False, set()  # since a packet in damage.lost; its successors' times
     for packet, lost in lost_data(packets(container, stream)):
         if lost:
             lost_at = min(lost_at, -math.inf if packet.pts is None else packet.pts)
+        if packet.size and packet.pos in damage.lost:  # its data is gone (realigned_iso): garbage to a decoder
+            damage.lost_packets += 1
+            after_lost = True
+            yield from shown(True)
+            continue
+        if packet.is_keyframe:
+            after_lost = False
+        elif after_lost and packet.pts is not None:
+            # Decoded after a frame that is gone, so perhaps predicted from it. A decoder gives out
+            # frames later than it takes their packets (to reorder them): marked as they come out,
+            # the key frame before the loss, given out after it, ended the marking, and B-frames of a
+            # pyramid, shown before the lost frame and predicted from it, were not marked at all.
+            after_lost_pts.add(packet.pts)
         if logs:
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
         try:
@@ -484,7 +515,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                 damage.since_key = False  # predicted from nothing before it
             if lost_at < math.inf and (frame.pts is None or frame.pts >= lost_at):
                 damage.since_key, lost_at = True, math.inf  # this frame, or one shown before it, lost data
-            if frame.is_corrupt or logged:
+            if frame.is_corrupt or logged or frame.pts in after_lost_pts:
                 damage.since_key = True  # the frames predicted from it carry its errors on
             if frame.pict_type == PictureType.B and not damage.since_key and len(held) < MAX_HELD_B:
                 held.append(frame)
@@ -538,7 +569,7 @@ def probe(path: str) -> Probe:
                 what = "only a cover picture" if container.streams.video else "audio only or not a video"
                 raise MediaError(f"no video stream ({what})")
             ctx = stream.codec_context
-            damage = Damage()
+            damage = Damage.of(path)
             try:
                 first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
             except av.InvalidDataError:
@@ -599,8 +630,8 @@ def probe(path: str) -> Probe:
     except MediaError:
         raise
     except av.FFmpegError as e:
-        if isinstance(e, av.InvalidDataError) and top_level_boxes(path)[-1:] == ["mdat"]:
-            if index_at_end(path):
+        if isinstance(e, av.InvalidDataError) and (mdat := _misfit_media_data(path)) and not mdat[2]:
+            if _index_start(path) is not None:
                 raise MediaError("cannot read video: an MP4/MOV whose media data does not end where its header says, "
                                  "so the index (moov box) at the file's end cannot be reached: bytes were lost from "
                                  "or added to its middle (a damaged copy)") from e
@@ -644,33 +675,35 @@ def not_a_video_kind(head: bytes) -> str | None:
     return f"a text file, not a video; it begins {begins!r}"
 
 
-def index_at_end(path: str, tail: int = 64 << 20) -> bool:
-    """Whether an ISO media file ends with its index, a moov box that runs to the last byte (looked
-    for in its last `tail` bytes; a two-hour recording's index is about 20 MB)."""
+def _index_start(path: str, tail: int = 64 << 20) -> int | None:
+    """Where the index (moov box) that ends an ISO media file, running to its last byte, starts
+    (looked for in its last `tail` bytes; a two-hour recording's index is about 20 MB); None where
+    none does."""
     try:
         with open(path, "rb") as f:
             end = f.seek(0, 2)
             start = f.seek(max(0, end - tail))
             data = f.read()
     except OSError:
-        return False
+        return None
     at = data.rfind(b"moov")
     while at >= 4:
         if start + at - 4 + int.from_bytes(data[at - 4:at], "big") == end:
-            return True
+            return start + at - 4
         at = data.rfind(b"moov", 0, at)
-    return False
+    return None
 
 
-def top_level_boxes(path: str, limit: int = 64) -> list[str]:
-    """The types of an ISO media file's (MP4, MOV, 3GP) top-level boxes, in order, up to the one
-    that runs past the end of the file; [] for a file that does not start with one."""
-    types: list[str] = []
+def _top_level(path: str) -> list[tuple[str, int, int]]:
+    """An ISO media file's (MP4, MOV, 3GP) top-level boxes, in order, up to the one that runs past
+    the end of the file, each as (type, start, stated size in bytes); [] for a file that does not
+    start with one."""
+    boxes: list[tuple[str, int, int]] = []
     try:
         with open(path, "rb") as f:
             end = f.seek(0, 2)
             at = 0
-            while at + 8 <= end and len(types) < limit:
+            while at + 8 <= end:
                 f.seek(at)
                 head = f.read(16)
                 size, kind = int.from_bytes(head[:4], "big"), head[4:8]
@@ -680,13 +713,186 @@ def top_level_boxes(path: str, limit: int = 64) -> list[str]:
                     size = end - at
                 if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
                     break
-                if not types and kind != b"ftyp":
+                if not boxes and kind != b"ftyp":
                     return []
-                types.append(kind.decode())
+                boxes.append((kind.decode(), at, size))
                 at += size
     except OSError:
         return []
-    return types
+    return boxes
+
+
+def _misfit_media_data(path: str) -> tuple[int, int, bool] | None:
+    """For an ISO media file whose media data (mdat box) does not end where its stated size says,
+    where the next box or the end of the file should be: (its start, its stated size, whether the
+    index came before it); None for a whole file. The boxes read after such media data, if any,
+    are bytes of it read as a box (a type of four letters can come of them): not an index, and
+    not ending with the file."""
+    boxes = _top_level(path)
+    kinds = [kind for kind, _, _ in boxes]
+    if "mdat" not in kinds:
+        return None
+    k = len(kinds) - 1 - kinds[::-1].index("mdat")
+    _, start, size = boxes[k]
+    _, last, last_size = boxes[-1]
+    end = os.path.getsize(path)
+    if last + last_size == end or "moov" in kinds[k + 1:]:
+        return None  # whole, or damaged after the media data
+    return start, size, "moov" in kinds[:k]
+
+
+class _Realigned(io.RawIOBase):
+    """A file read as it was before bytes were lost from or added to it at one place (a damaged
+    copy): byte `x` of the view is the file's byte `x` before `split`, and its byte `x + shift`
+    from there on (zeros where that is outside the file)."""
+
+    def __init__(self, path: str, split: int, shift: int):
+        self.raw = open(path, "rb")  # noqa: SIM115 (open while the stand-in is kept; closed with it)
+        self.split, self.shift = split, shift
+        self.size = os.fstat(self.raw.fileno()).st_size - shift
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def file_bytes(self, at: int, n: int) -> bytes:
+        """The file's `n` bytes from its byte `at`, zeros for those outside it."""
+        lo, hi = max(0, at), min(at + n, self.size + self.shift)
+        data = os.pread(self.raw.fileno(), hi - lo, lo) if hi > lo else b""
+        if len(data) == n:
+            return data
+        before = min(n, lo - at)
+        return bytes(before) + data + bytes(n - before - len(data))
+
+    def view_bytes(self, at: int, n: int) -> bytes:
+        """The view's `n` bytes from its byte `at`."""
+        before = max(0, min(n, self.split - at))
+        return self.file_bytes(at, before) + self.file_bytes(at + before + self.shift, n - before)
+
+    def readinto(self, buffer) -> int:
+        n = max(0, min(len(buffer), self.size - self.pos))
+        buffer[:n] = self.view_bytes(self.pos, n)
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _sample_check(stream) -> Callable[[bytes], bool] | None:
+    """For the codecs whose samples in an MP4 show what they are, a test of whether some bytes are
+    such a sample, whole: H.264 and HEVC's are NAL units, each after its length (in 1 to 4 bytes, as
+    the stream's header says), that fill the sample exactly; MPEG-4 Part 2's start with a start
+    code, (M)JPEG's with an SOI marker, ProRes's with its frame header. None for other codecs."""
+    ctx = stream.codec_context
+    extra = bytes(ctx.extradata or b"")
+    if ctx.name in ("h264", "hevc"):
+        at = 4 if ctx.name == "h264" else 21  # the length's size, in an avcC or hvcC record
+        if len(extra) <= at or extra[0] != 1:
+            return None  # parameter sets in the stream (Annex B), not an MP4's NAL units
+        length = (extra[at] & 3) + 1
+
+        def nal_units(data: bytes) -> bool:
+            i = 0
+            while i + length < len(data):
+                n = int.from_bytes(data[i:i + length], "big")
+                if n == 0 or data[i + length] & 0x80:  # a NAL unit's first bit is zero
+                    return False
+                i += length + n
+            return i == len(data) > 0
+        return nal_units
+    starts = {"mpeg4": (0, b"\0\0\1"), "mjpeg": (0, b"\xff\xd8"), "prores": (4, b"icpf")}.get(ctx.name)
+    if starts is None:
+        return None
+    at, marker = starts
+    return lambda data: data[at:at + len(marker)] == marker
+
+
+def realigned_iso(path: str) -> StandIn | None:
+    """An MP4/MOV that lost or gained bytes in its media data (a damaged copy), read as it was
+    before; None for any other. Its index (moov box) says where each frame's data lies, as the
+    file was: before the place of the damage, that is where it still is; after it, the bytes lost
+    or gained shifted it. A frame's data is told by what its codec's data looks like
+    (_sample_check): the place is where the frames stop being where the index says and are found
+    that many bytes away. The frames whose data is neither place (those lost with the bytes) are
+    left out. Where the index comes after the media data, as it mostly does, the file could not
+    be read at all: the media data box's size says where the index starts. Where it comes first,
+    the frames after the damage decoded into garbage."""
+    if (mdat := _misfit_media_data(path)) is None:
+        return None
+    start, size, index_first = mdat
+    stated_end, end = start + size, os.path.getsize(path)
+    if index_first:
+        shift = end - stated_end  # the index first: the media data runs to the end of the file
+    elif (index := _index_start(path)) is not None:
+        shift = index - stated_end
+    else:
+        return None  # no index: cut short before it (probe says so)
+    if shift == 0:
+        return None
+    view = _Realigned(path, stated_end, shift)  # the media data as it is, the index where it is
+    video = None
+    try:
+        video = _realigned(view, index_first)
+    finally:
+        if video is None:
+            view.close()
+    return video
+
+
+def _realigned(view: _Realigned, index_first: bool) -> StandIn | None:
+    """realigned_iso's work on `view`, split at the media data's stated end: the split moved to
+    where the frames are found shifted, if they are."""
+    try:
+        with av.open(_SharedReader(view), "r", metadata_errors="replace") as container:
+            stream = video_stream(container)
+            check = stream and _sample_check(stream)
+            if not check:
+                return None
+            samples = []  # (where, bytes) of every frame's data, as the index says
+            for p in container.demux(stream):
+                if p.size and p.pos >= 0:
+                    samples.append((p.pos, p.size))
+                    progress()  # for the sandbox's timeout: a long file's data is read through once
+            samples.sort()
+    except (av.FFmpegError, OSError, ValueError):
+        return None
+    # Where the frames stop being where the index says, and the first one found shifted from there on.
+    shift = view.shift
+    gone = next((i for i, (at, n) in enumerate(samples) if not check(view.file_bytes(at, n))), len(samples))
+    moved = next((i for i in range(gone, len(samples))
+                  if check(view.file_bytes(samples[i][0] + shift, samples[i][1]))), None)
+    if moved is None and index_first:
+        return None  # none found shifted: a file cut short (or damaged some other way), read as it is
+    if moved is not None:
+        view.split = samples[moved][0]
+    # The frames whose data is not whole where the view has it, and the one before the first not
+    # where the index says: the place of the damage is most likely inside it, past its last NAL
+    # unit's length, which alone the check reads (HEVC's decoder decoded such a frame into garbage
+    # without a word).
+    lost = {at for at, n in samples if not check(view.view_bytes(at, n))}
+    if 0 < gone < len(samples):
+        lost.add(samples[gone - 1][0])
+    lost = frozenset(lost)
+    if len(lost) == len(samples):
+        return None
+    more_or_less = f"{shift} bytes more" if shift > 0 else f"{-shift} bytes less"
+    found = f": the frames after that place were found {abs(shift)} bytes {'on' if shift > 0 else 'back'}" \
+        if moved is not None and moved > 0 else ""
+    return StandIn(view, lost=lost, note=f"its media data holds {more_or_less} than its header says (bytes lost or "
+                   f"added at one place: a damaged copy){found}")
 
 
 def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8) -> list[np.ndarray]:
@@ -695,7 +901,7 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
     sought in (a raw stream, a damaged index); fewer where key frames are far apart."""
     rot = probe_.rotation
     w, h = (size[1], size[0]) if rot in (90, 270) else size
-    lumas, seen = [], set()
+    lumas, seen, lost = [], set(), Damage.of(path).lost
     scaler = VideoReformatter()
     try:
         with open_input(path) as container:
@@ -706,7 +912,7 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
                 # The key frame the seek lands on, drained out of the decoder at once: it would hold
                 # it back for the frames after it (B-frames), which need not be decoded.
                 key = next((p for p in packets(container, stream) if p.is_keyframe and p.size), None)
-                if key is None or key.pts in seen:
+                if key is None or key.pts in seen or key.pos in lost:
                     continue
                 seen.add(key.pts)
                 try:
@@ -848,8 +1054,9 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # numbers read as BT.601 were up to 30 levels off in a channel.
     to_out, to_small, to_luma = VideoReformatter(), VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
-    if damage is not None and (video := stand_in(path)) is not None:
-        damage.unread, damage.cut_short = video.unread, video.cut_short
+    known = Damage.of(path)
+    damage = damage or known
+    damage.unread, damage.note, damage.lost = known.unread, known.note, known.lost
     with open_input(path) as container:
         stream = video_stream(container)
         if threads != 1:
@@ -890,7 +1097,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
                     sar = Fraction(sar) if sar and sar > 0 else Fraction(1)
                 yield frame, damaged, (frame.width, frame.height, sar)
 
-        frames = shaped(decoded_frames(container, stream, damage or Damage()))
+        frames = shaped(decoded_frames(container, stream, damage))
         if out_size is not None and (probe_.interlaced or probe_.hdr or probe_.wide_gamut):  # see _filters
             frames = _filtered(frames, stream, lambda shape: _filters(probe_, *sizes(shape)[0], shape[1]))
         # The source's start: the container's earliest timestamp, over all streams.

@@ -101,9 +101,10 @@ def test_every_input_gets_one_record_and_bad_files_clear_errors(curated, corpus)
     assert records["truncated.mp4"]["error"] == ("cannot read video: an MP4/MOV cut off in its media data, before "
                                                  "the index (moov box) that comes after it: an interrupted recording "
                                                  "or download")
-    assert records["bytes_lost.mp4"]["error"] == (
+    assert records["vp9_bytes_lost.mp4"]["error"] == (
         "cannot read video: an MP4/MOV whose media data does not end where its header says, so the index (moov box) "
         "at the file's end cannot be reached: bytes were lost from or added to its middle (a damaged copy)")
+    assert "its media data holds 1000 bytes less than its header says" in records["bytes_lost.mp4"]["warning"]
     assert records["no_parameter_sets.h264"]["error"].startswith(
         "no decodable video frame (h264 stream, the decoder rejected its first 1")
     assert records["no_parameter_sets.h264"]["error"].endswith(" packets, key frames among them)")
@@ -308,7 +309,9 @@ def test_a_shaken_recordings_cuts_are_found_and_no_more(bikes, tmp_path):
     size = ((h - 2 * most) // 2 * 2, (w - 2 * most) // 2 * 2)
     path = tmp_path / f"shaken_{shake}.mp4"
     shaken = [np.ascontiguousarray(f[y:y + size[0], x:x + size[1]]) for f, (x, y) in zip(frames, offsets, strict=True)]
-    _encode(path, shaken, fps=25)
+    # In one thread: the cut at 76, out of fast motion, is lost in some shaken versions of bikes.mp4,
+    # and x264's bytes in threads differed from run to run (the test failed now and then).
+    _encode(path, shaken, fps=25, threads=1)
     record, _ = process_source(str(path), "shaken", _cfg(tmp_path, tmp_path / "out"))
     assert record["scene_cuts"] == [30, 76, 137, 187, 242]
     assert [s for s, _ in record["shots"]] == [0, 30, 76, 137, 187, 242]
@@ -1409,6 +1412,52 @@ def test_a_zeroed_stretch_of_a_file_loses_its_frames_but_not_the_clock(bikes, tm
     if stale is not None:
         assert any((c.start_frame, c.end_frame) == (stale, stale + 1) and c.reason.startswith("damaged")
                    for c in clips), [(c.start_frame, c.end_frame, c.reason) for c in clips]
+
+
+def _clean_decode_by_time(path: Path) -> dict[int, tuple[np.ndarray, bool]]:
+    """pts -> (luma (h, w), marked damaged) of every frame of the source at `path`, as curation
+    decodes it (through the video that stands in for it, if any)."""
+    from curator import media
+
+    media.forget_stand_in()
+    out = {}
+    with media.open_input(str(path)) as c:
+        stream = media.video_stream(c)
+        stream.codec_context.thread_count = 1
+        for frame, damaged in media.decoded_frames(c, stream, media.Damage.of(str(path))):
+            out[frame.pts] = (frame.to_ndarray(format="gray").astype(np.float32), damaged)
+    media.forget_stand_in()
+    return out
+
+
+@pytest.mark.parametrize("codec, index_first, change", [
+    ("libx264", False, -20_000), ("libx264", False, 15_000), ("libx264", True, -20_000), ("libx265", False, -9_000)])
+def test_an_mp4_that_lost_or_gained_bytes_in_its_middle_is_read_as_it_was(bikes, tmp_path, codec, index_first, change):
+    """bikes.mp4 with bytes cut out of its media data, or a stretch of it written twice (a damaged
+    copy). With its index at the end, as most MP4s have it, the media data's stated size no longer
+    led to the index: an error record, and none of its frames. With the index first, the frames
+    after the damage were read from the wrong bytes. Now the frames after the damage are found
+    where they lie, and those whose data is gone are left out: every frame that is not marked
+    damaged is the frame of the whole file (HEVC's decoder, which marks no damage itself, too)."""
+    frames = list(bikes_frames(bikes))
+    _encode(tmp_path / "whole.mp4", frames, fps=25, codec=codec,
+            container_options={"movflags": "+faststart"} if index_first else None)
+    data = (tmp_path / "whole.mp4").read_bytes()
+    at, n = len(data) * 2 // 5, abs(change)
+    (tmp_path / "copy.mp4").write_bytes(data[:at] + data[at + n:] if change < 0 else data[:at + n] + data[at:])
+    record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "ok", record["error"]
+    more_or_less = f"{n} bytes less" if change < 0 else f"{n} bytes more"
+    assert f"its media data holds {more_or_less} than its header says (bytes lost or added at one place: a damaged " \
+           f"copy): the frames after that place were found {n} bytes " in record["warning"], record["warning"]
+    assert record["num_frames"] >= 200 and record["scene_cuts"][:2] == [30, 76], record
+    assert sum(c.kept for c in clips) >= 3 and any((c.reason or "").startswith("damaged") for c in clips)
+    whole, copy = _clean_decode_by_time(tmp_path / "whole.mp4"), _clean_decode_by_time(tmp_path / "copy.mp4")
+    step = np.diff(sorted(whole)).min()  # a frame's time
+    clean = [pts for pts, (_, damaged) in copy.items() if not damaged]
+    assert len(clean) >= 150 and max(clean) >= 240 * step  # frames after the damage too
+    unlike = [pts // step for pts in clean if np.mean((copy[pts][0] - whole[pts][0]) ** 2) > 1]
+    assert not unlike, unlike
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])
