@@ -698,34 +698,37 @@ def _top_level(path: str) -> list[tuple[str, int, int]]:
     """An ISO media file's (MP4, MOV, 3GP) top-level boxes, in order, up to the one that runs past
     the end of the file, each as (type, start, stated size in bytes); [] for a file that does not
     start with one."""
-    boxes: list[tuple[str, int, int]] = []
     try:
         with open(path, "rb") as f:
-            end = f.seek(0, 2)
-            at = 0
-            while at + 8 <= end:
-                f.seek(at)
-                head = f.read(16)
-                size, kind = int.from_bytes(head[:4], "big"), head[4:8]
-                if size == 1 and len(head) == 16:  # a 64-bit size follows the type
-                    size = int.from_bytes(head[8:16], "big")
-                elif size == 0:  # to the end of the file
-                    size = end - at
-                if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
-                    break
-                if not boxes and kind != b"ftyp":
-                    return []
-                boxes.append((kind.decode(), at, size))
-                at += size
+            boxes = list(_boxes_from(f, 0))
     except OSError:
         return []
-    return boxes
+    return boxes if boxes and boxes[0][0] == "ftyp" else []
 
 
-def _misfit_media_data(path: str) -> tuple[int, int, bool] | None:
+def _boxes_from(f, at: int) -> Iterator[tuple[str, int, int]]:
+    """The boxes of open file `f` that follow each other from its byte `at`, as _top_level's, up to
+    the one that runs past its end or bytes that are no box's header."""
+    end = f.seek(0, 2)
+    while at + 8 <= end:
+        f.seek(at)
+        head = f.read(16)
+        size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+        if size == 1 and len(head) == 16:  # a 64-bit size follows the type
+            size = int.from_bytes(head[8:16], "big")
+        elif size == 0:  # to the end of the file
+            size = end - at
+        if size < 8 or not (kind.isascii() and kind.decode().isprintable()):
+            return
+        yield kind.decode(), at, size
+        at += size
+
+
+def _misfit_media_data(path: str) -> tuple[int, int, bool, bool] | None:
     """For an ISO media file whose media data (mdat box) does not end where its stated size says,
     where the next box or the end of the file should be: (its start, its stated size, whether the
-    index came before it); None for a whole file. The boxes read after such media data, if any,
+    index came before it, whether it is a fragment's: a moof box came before it); None for a whole
+    file. The boxes read after such media data, if any,
     are bytes of it read as a box (a type of four letters can come of them): not an index, and
     not ending with the file."""
     boxes = _top_level(path)
@@ -738,7 +741,25 @@ def _misfit_media_data(path: str) -> tuple[int, int, bool] | None:
     end = os.path.getsize(path)
     if last + last_size == end or "moov" in kinds[k + 1:]:
         return None  # whole, or damaged after the media data
-    return start, size, "moov" in kinds[:k]
+    return start, size, "moov" in kinds[:k], "moof" in kinds[:k]
+
+
+def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | None:
+    """The place nearest `at`, within `within` bytes of it, where a fragment's box (moof) starts from
+    which boxes follow each other to the end of the file; None where there is none."""
+    with open(path, "rb") as f:
+        end = f.seek(0, 2)
+        lo = f.seek(max(0, at - within))
+        data = f.read(min(end, at + within) - lo)
+        found, i = [], data.find(b"moof", 4)
+        while i >= 4:
+            found.append(lo + i - 4)
+            i = data.find(b"moof", i + 1)
+        for start in sorted(found, key=lambda x: abs(x - at)):
+            boxes = list(_boxes_from(f, start))
+            if boxes and boxes[-1][1] + boxes[-1][2] == end:
+                return start
+    return None
 
 
 class _Realigned(io.RawIOBase):
@@ -832,9 +853,13 @@ def realigned_iso(path: str) -> StandIn | None:
     the frames after the damage decoded into garbage."""
     if (mdat := _misfit_media_data(path)) is None:
         return None
-    start, size, index_first = mdat
+    start, size, index_first, fragment = mdat
     stated_end, end = start + size, os.path.getsize(path)
-    if index_first:
+    if fragment:  # a fragmented MP4: the next fragment is where the boxes from there on run to the end
+        if (next_box := _boxes_to_the_end_near(path, stated_end)) is None:
+            return None
+        shift = next_box - stated_end
+    elif index_first:
         shift = end - stated_end  # the index first: the media data runs to the end of the file
     elif (index := _index_start(path)) is not None:
         shift = index - stated_end
@@ -845,16 +870,17 @@ def realigned_iso(path: str) -> StandIn | None:
     view = _Realigned(path, stated_end, shift)  # the media data as it is, the index where it is
     video = None
     try:
-        video = _realigned(view, index_first)
+        video = _realigned(view, index_first or fragment, stated_end if fragment else None)
     finally:
         if video is None:
             view.close()
     return video
 
 
-def _realigned(view: _Realigned, index_first: bool) -> StandIn | None:
+def _realigned(view: _Realigned, index_first: bool, split_by: int | None = None) -> StandIn | None:
     """realigned_iso's work on `view`, split at the media data's stated end: the split moved to
-    where the frames are found shifted, if they are."""
+    where the frames are found shifted, if they are, and to `split_by` at the latest (the next
+    fragment's boxes, which are read shifted too)."""
     try:
         with av.open(_SharedReader(view), "r", metadata_errors="replace") as container:
             stream = video_stream(container)
@@ -877,7 +903,7 @@ def _realigned(view: _Realigned, index_first: bool) -> StandIn | None:
     if moved is None and index_first:
         return None  # none found shifted: a file cut short (or damaged some other way), read as it is
     if moved is not None:
-        view.split = samples[moved][0]
+        view.split = min(samples[moved][0], split_by if split_by is not None else math.inf)
     # The frames whose data is not whole where the view has it, and the one before the first not
     # where the index says: the place of the damage is most likely inside it, past its last NAL
     # unit's length, which alone the check reads (HEVC's decoder decoded such a frame into garbage

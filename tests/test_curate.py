@@ -1430,20 +1430,26 @@ def _clean_decode_by_time(path: Path) -> dict[int, tuple[np.ndarray, bool]]:
     return out
 
 
-@pytest.mark.parametrize("codec, index_first, change", [
-    ("libx264", False, -20_000), ("libx264", False, 15_000), ("libx264", True, -20_000), ("libx265", False, -9_000)])
-def test_an_mp4_that_lost_or_gained_bytes_in_its_middle_is_read_as_it_was(bikes, tmp_path, codec, index_first, change):
+@pytest.mark.parametrize("codec, layout, change", [
+    ("libx264", "index last", -20_000), ("libx264", "index last", 15_000), ("libx264", "index first", -20_000),
+    ("libx264", "fragments", -5_000), ("libx265", "index last", -9_000)])
+def test_an_mp4_that_lost_or_gained_bytes_in_its_middle_is_read_as_it_was(bikes, tmp_path, codec, layout, change):
     """bikes.mp4 with bytes cut out of its media data, or a stretch of it written twice (a damaged
     copy). With its index at the end, as most MP4s have it, the media data's stated size no longer
     led to the index: an error record, and none of its frames. With the index first, the frames
-    after the damage were read from the wrong bytes. Now the frames after the damage are found
-    where they lie, and those whose data is gone are left out: every frame that is not marked
-    damaged is the frame of the whole file (HEVC's decoder, which marks no damage itself, too)."""
+    after the damage were read from the wrong bytes; in a fragmented MP4 (a moof box before each
+    fragment's media data), the fragments after the damage were not found. Now the frames after
+    the damage are found where they lie, and those whose data is gone are left out: every frame
+    that is not marked damaged is the frame of the whole file (HEVC's decoder, which marks no
+    damage itself, too)."""
     frames = list(bikes_frames(bikes))
+    flags = {"index last": None, "index first": "+faststart", "fragments": "frag_keyframe+empty_moov"}[layout]
     _encode(tmp_path / "whole.mp4", frames, fps=25, codec=codec,
-            container_options={"movflags": "+faststart"} if index_first else None)
+            container_options={"movflags": flags} if flags else None)
     data = (tmp_path / "whole.mp4").read_bytes()
     at, n = len(data) * 2 // 5, abs(change)
+    if layout == "fragments":  # inside a fragment's media data, well before the next fragment
+        at = data.index(b"mdat", at) + 1000
     (tmp_path / "copy.mp4").write_bytes(data[:at] + data[at + n:] if change < 0 else data[:at + n] + data[at:])
     record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", _cfg(tmp_path, tmp_path / "out"))
     assert record["status"] == "ok", record["error"]
