@@ -347,13 +347,11 @@ class Damage:
         self.lost: frozenset[int] = frozenset()  # byte positions of packets whose data is gone (StandIn.lost)
         self.lost_packets = 0  # of those, met and left out
 
-    @classmethod
-    def of(cls, path: str) -> Damage:
-        """A count for the source at `path`, with what its stand-in (if any) knows of it."""
-        damage = cls()
+    def knowing(self, path: str) -> Damage:
+        """This count, told what the stand-in for the source at `path` (if any) knows of it."""
         if (video := stand_in(path)) is not None:
-            damage.unread, damage.note, damage.lost = video.unread, video.note, video.lost
-        return damage
+            self.unread, self.note, self.lost = video.unread, video.note, video.lost
+        return self
 
     def summary(self) -> str | None:
         parts = []
@@ -569,7 +567,7 @@ def probe(path: str) -> Probe:
                 what = "only a cover picture" if container.streams.video else "audio only or not a video"
                 raise MediaError(f"no video stream ({what})")
             ctx = stream.codec_context
-            damage = Damage.of(path)
+            damage = Damage().knowing(path)
             try:
                 first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
             except av.InvalidDataError:
@@ -728,9 +726,8 @@ def _misfit_media_data(path: str) -> tuple[int, int, bool, bool] | None:
     """For an ISO media file whose media data (mdat box) does not end where its stated size says,
     where the next box or the end of the file should be: (its start, its stated size, whether the
     index came before it, whether it is a fragment's: a moof box came before it); None for a whole
-    file. The boxes read after such media data, if any,
-    are bytes of it read as a box (a type of four letters can come of them): not an index, and
-    not ending with the file."""
+    file. The boxes read after such media data, if any, are bytes of it read as a box (a type of
+    four letters can come of them): not an index, and not ending with the file."""
     boxes = _top_level(path)
     kinds = [kind for kind, _, _ in boxes]
     if "mdat" not in kinds:
@@ -877,38 +874,41 @@ def realigned_iso(path: str) -> StandIn | None:
     return video
 
 
-def _realigned(view: _Realigned, index_first: bool, split_by: int | None = None) -> StandIn | None:
+def _realigned(view: _Realigned, needs_shift: bool, split_by: int | None = None) -> StandIn | None:
     """realigned_iso's work on `view`, split at the media data's stated end: the split moved to
-    where the frames are found shifted, if they are, and to `split_by` at the latest (the next
-    fragment's boxes, which are read shifted too)."""
+    where the frames are found shifted, if they are (`needs_shift`: None where none is; with the
+    index first, or fragments, the file reads as it is up to the damage), and to `split_by` at the
+    latest (the next fragment's boxes, which are read shifted too)."""
     try:
         with av.open(_SharedReader(view), "r", metadata_errors="replace") as container:
             stream = video_stream(container)
             check = stream and _sample_check(stream)
             if not check:
                 return None
-            samples = []  # (where, bytes) of every frame's data, as the index says
+            samples = []  # (where, bytes, whole as the view has it now) of every frame's data, by the index
             for p in container.demux(stream):
                 if p.size and p.pos >= 0:
-                    samples.append((p.pos, p.size))
+                    samples.append((p.pos, p.size, check(bytes(p))))
                     progress()  # for the sandbox's timeout: a long file's data is read through once
             samples.sort()
     except (av.FFmpegError, OSError, ValueError):
         return None
     # Where the frames stop being where the index says, and the first one found shifted from there on.
     shift = view.shift
-    gone = next((i for i, (at, n) in enumerate(samples) if not check(view.file_bytes(at, n))), len(samples))
-    moved = next((i for i in range(gone, len(samples))
-                  if check(view.file_bytes(samples[i][0] + shift, samples[i][1]))), None)
-    if moved is None and index_first:
+    gone = next((i for i, (_, _, whole) in enumerate(samples) if not whole), len(samples))
+    shifted = [check(view.file_bytes(at + shift, n)) for at, n, _ in samples[gone:]]  # whole, read shifted
+    moved = next((gone + i for i, whole in enumerate(shifted) if whole), None)
+    if moved is None and needs_shift:
         return None  # none found shifted: a file cut short (or damaged some other way), read as it is
     if moved is not None:
         view.split = min(samples[moved][0], split_by if split_by is not None else math.inf)
-    # The frames whose data is not whole where the view has it, and the one before the first not
-    # where the index says: the place of the damage is most likely inside it, past its last NAL
-    # unit's length, which alone the check reads (HEVC's decoder decoded such a frame into garbage
-    # without a word).
-    lost = {at for at, n in samples if not check(view.view_bytes(at, n))}
+    # The frames whose data is not whole where the view now has it (as it was read before the split,
+    # which moved back if at all, and before the first one not whole; shifted from there on), and the
+    # one before the first not where the index says: the place of the damage is most likely inside
+    # it, past its last NAL unit's length, which alone the check reads (HEVC's decoder decoded such a
+    # frame into garbage without a word).
+    lost = {at for i, (at, _, whole) in enumerate(samples)
+            if not (whole if i < gone or at < view.split else shifted[i - gone])}
     if 0 < gone < len(samples):
         lost.add(samples[gone - 1][0])
     lost = frozenset(lost)
@@ -927,7 +927,7 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
     sought in (a raw stream, a damaged index); fewer where key frames are far apart."""
     rot = probe_.rotation
     w, h = (size[1], size[0]) if rot in (90, 270) else size
-    lumas, seen, lost = [], set(), Damage.of(path).lost
+    lumas, seen, lost = [], set(), Damage().knowing(path).lost
     scaler = VideoReformatter()
     try:
         with open_input(path) as container:
@@ -1080,9 +1080,7 @@ def decode(path: str, probe_: Probe, small_size: tuple[int, int],
     # numbers read as BT.601 were up to 30 levels off in a channel.
     to_out, to_small, to_luma = VideoReformatter(), VideoReformatter(), VideoReformatter()
     scale_threads = 1 if threads == 1 else 0  # swscale's own slice threads
-    known = Damage.of(path)
-    damage = damage or known
-    damage.unread, damage.note, damage.lost = known.unread, known.note, known.lost
+    damage = (damage or Damage()).knowing(path)
     with open_input(path) as container:
         stream = video_stream(container)
         if threads != 1:

@@ -1424,7 +1424,7 @@ def _clean_decode_by_time(path: Path) -> dict[int, tuple[np.ndarray, bool]]:
     with media.open_input(str(path)) as c:
         stream = media.video_stream(c)
         stream.codec_context.thread_count = 1
-        for frame, damaged in media.decoded_frames(c, stream, media.Damage.of(str(path))):
+        for frame, damaged in media.decoded_frames(c, stream, media.Damage().knowing(str(path))):
             out[frame.pts] = (frame.to_ndarray(format="gray").astype(np.float32), damaged)
     media.forget_stand_in()
     return out
