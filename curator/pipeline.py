@@ -7,7 +7,7 @@
            ─► [Captioner (a GPU/CPU actor pool), only for captioner=vlm]
            ─► driver: dedup → shards + manifest.jsonl, then summary.json
 
-On a laptop `ray.init()` starts a local instance; with `ray.address=auto` (or RAY_ADDRESS, as in a
+On a laptop the run starts a local instance of its own; with `ray.address=auto` (or RAY_ADDRESS, as in a
 `ray job submit` job) the same chain runs on a cluster. Sources go in largest first
 (discover.largest_first) and results come back in that order, so keys, dedup decisions and shards
 are deterministic.
@@ -468,7 +468,9 @@ def ray_session(cfg: DictConfig, timings: dict | None = None):
                                    "its head node; `ray status` there shows it), or leave ray.address and "
                                    "RAY_ADDRESS unset for a local Ray of the run's own") from e
         else:
-            ray.init(num_cpus=cfg.ray.num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **kwargs)
+            # "local": Ray's default (no address) joins the cluster a `ray start` on this machine left
+            # running, which refuses num_cpus and _system_config: the run failed on any such machine
+            ray.init(address="local", num_cpus=cfg.ray.num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **kwargs)
             started = True
         if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_sigterm)  # Ray's driver set its own, which only logs and exits

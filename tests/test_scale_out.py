@@ -42,10 +42,16 @@ class RayCluster:
     processes are found by its own temp dir, so stopping it never touches another Ray instance."""
 
     def __init__(self):
-        self.temp_dir = tempfile.mkdtemp(prefix="vfmray-", dir="/tmp")  # short: Ray's socket paths are bounded
+        # The temp dir is <root>/ray, where Ray looks for the last `ray start` of a machine whose
+        # RAY_TMPDIR is <root>. Short: Ray's socket paths are bounded.
+        self.root = tempfile.mkdtemp(prefix="vfmray-", dir="/tmp")
+        self.temp_dir = os.path.join(self.root, "ray")
         self.port, self.dashboard_port = free_port(), free_port()
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # Token auth off, as a first `ray start` has it. Unset, the head takes it on where a token file
+        # (~/.ray/auth_token) is left from an earlier local Ray, and the second node does not: it was
+        # refused, unless this process's own Ray had already set RAY_AUTH_MODE for its children.
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         self.env.pop("RAY_ADDRESS", None)
 
     def _ray(self, *args: str) -> None:
@@ -115,12 +121,12 @@ class RayCluster:
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.5)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One cluster for the module's tests (a start costs 15 s): the last of them kills its worker node."""
+    """One cluster for the module's tests (a start costs 15 s): the second of them kills its worker node."""
     c = RayCluster()
     try:
         yield c.start()
@@ -213,6 +219,27 @@ def test_killing_the_worker_raylet_mid_job_still_finishes_with_identical_output(
     log, _ = job.communicate(timeout=600)
     assert job.returncode == 0 and "succeeded" in log, log[-3000:]
     assert_same_output(out, single_node)
+
+
+def test_a_run_without_an_address_on_a_machine_with_a_ray_start_cluster_starts_a_local_ray_of_its_own(
+        cluster, synth_corpus, tmp_path):
+    """A `ray start` records its cluster where `ray.init()` without an address looks first (here:
+    RAY_TMPDIR names the cluster's root). A run without `ray.address` joined that cluster, and Ray
+    refused the settings of the local instance the run meant to start: `vfm-curate: When connecting
+    to an existing cluster, num_cpus and num_gpus must not be provided`. It starts a local Ray of its
+    own, and leaves the cluster be."""
+    assert (Path(cluster.temp_dir) / "ray_current_cluster").is_file()
+    media_dir, _ = synth_corpus
+    (tmp_path / "in").mkdir()
+    shutil.copy(media_dir / "fade.mp4", tmp_path / "in" / "fade.mp4")
+    before = tasks_per_node(cluster)
+    run = subprocess.run([str(BIN / "vfm-curate"), f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}",
+                          "ray.num_cpus=1"], env={**cluster.env, "RAY_TMPDIR": cluster.root}, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "existing Ray cluster" not in run.stderr, run.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["kept"] > 0
+    assert tasks_per_node(cluster) == before
 
 
 # --- training across torchrun "nodes" --------------------------------------------------------------
