@@ -410,13 +410,12 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
     a damaged frame with its broken blocks left grey or smeared and say so only in their log
     ("mjpeg_decode_dc: bad vlc", "error y=16 x=39"): they neither reject the packet nor mark the
     frame corrupt, as H.264's decoder does. For those, an error the decoder logs while a packet is
-    decoded marks that packet's frames. FFmpeg's log is captured for the whole stream, from every
-    thread (a frame-threaded decoder logs from its own), so that none of it reaches the output
-    where it did not before (FFmpeg's log is off by default in PyAV)."""
+    decoded marks that packet's frames. The demuxer's errors are read for every stream (see
+    lost_data). FFmpeg's log is captured for the whole stream, from every thread (a frame-threaded
+    decoder logs from its own), so that none of it reaches the output where it did not before
+    (FFmpeg's log is off by default in PyAV)."""
     codec = stream.codec_context.codec
-    if not (codec.intra_only or codec.name in DAMAGE_ONLY_LOGGED):
-        yield from _decoded_frames(container, stream, damage)
-        return
+    logged_codec = codec.name if codec.intra_only or codec.name in DAMAGE_ONLY_LOGGED else ""
     level = av.logging.get_level()  # FFmpeg's errors reach Capture at this level or a more verbose one
     raise_level = level is None or level < av.logging.ERROR
     skip_repeated = av.logging.get_skip_repeated()  # PyAV holds back a message the same as the last
@@ -425,44 +424,70 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
     av.logging.set_skip_repeated(False)
     try:
         with av.logging.Capture(local=False) as logs:
-            yield from _decoded_frames(container, stream, damage, logs, codec.name)
+            yield from _decoded_frames(container, stream, damage, logs, logged_codec)
     finally:
         av.logging.set_skip_repeated(skip_repeated)
         if raise_level:
             av.logging.set_level(level)
 
 
-def lost_data(demuxed: Iterator[av.Packet]) -> Iterator[tuple[av.Packet, bool]]:
-    """(packet, whether data was lost in it) for the packets of `demuxed`. MPEG-TS's demuxer flags
-    a packet corrupt where the continuity count of its transport packets jumps: bytes were lost (a
-    recording's dropped packets, a damaged copy), and H.264's decoder then decodes the picture with
-    a piece missing, and those predicted from it, without a word. The flag falls on the packet
-    before the one that lost data (FFmpeg's parser hands a packet's flags to the one it finishes),
-    so both are taken for damaged. The count also jumps where two files were joined end to end;
-    there the packets are whole, and the second file's first, a key frame, is one or two on. So a
-    flag with a key frame in the next two packets is taken for a join. (Where data was lost just
-    before a key frame, the picture or two it cut short are missed.) MP4's demuxer flags the last
-    packet of a file cut short in its middle, which is taken for damaged the same way. Only after
-    a flagged packet are the next two read before it is decoded."""
-    ahead: collections.deque[av.Packet] = collections.deque()  # read, not yet yielded
+def lost_data(demuxed: Iterator[av.Packet], logs: list | None = None,
+              demuxer: str = "") -> Iterator[tuple[av.Packet, bool]]:
+    """(packet, whether data was lost in it) for the packets of `demuxed`.
+
+    A demuxer that meets bytes it cannot parse logs an error and reads on from the next place it
+    can (Matroska's, the next cluster; MPEG-TS's, the next sync byte): bytes lost from a damaged
+    copy, or noise or zeros written over a stretch of it. Where it does so between two packets,
+    given `logs` (a Capture's list) and `demuxer` (its name in them), the packet before took its data
+    up to where the broken bytes began, and may have taken some of them: it is taken for damaged
+    (VP9's decoder decodes it into a broken picture without a word). So is the last packet where
+    the demuxer stops on such an error (it found no place to read on from, or the file ends there:
+    cut short, where the packet may well be whole, it costs a frame). Among the whole files of every
+    container tried, none logged an error.
+
+    MPEG-TS's demuxer also flags a packet corrupt where the continuity count of its transport
+    packets jumps: bytes were lost (a recording's dropped packets, a damaged copy), and H.264's
+    decoder then decodes the picture with a piece missing, and those predicted from it, without a
+    word. The flag falls on the packet before the one that lost data (FFmpeg's parser hands a
+    packet's flags to the one it finishes), so both are taken for damaged. The count also jumps
+    where two files were joined end to end; there the packets are whole, and the second file's
+    first, a key frame, is one or two on. So a flag with a key frame in the next two packets is
+    taken for a join. (Where data was lost just before a key frame, the picture or two it cut short
+    are missed.) MP4's demuxer flags the last packet of a file cut short in its middle, which is
+    taken for damaged the same way. Only after a flagged packet are the next two read before it is
+    decoded; with `logs`, always the next one."""
+
+    def read() -> tuple[av.Packet, bool] | None:  # the next packet, and whether the demuxer skipped bytes before it
+        seen = len(logs) if logs is not None else 0
+        packet = next(demuxed, None)
+        if packet is None:
+            return None
+        skipped = logs is not None and any(
+            level <= av.logging.ERROR and name == demuxer for level, name, _ in logs[seen:])
+        return packet, skipped
+
+    ahead: collections.deque[tuple[av.Packet, bool]] = collections.deque()  # read, not yet yielded
     lost = 0  # of the packets next yielded, how many lost data
     while True:
-        packet = ahead.popleft() if ahead else next(demuxed, None)
-        if packet is None:
+        item = ahead.popleft() if ahead else read()
+        if item is None:
             return
-        if packet.is_corrupt and packet.size:
-            while len(ahead) < 2 and (more := next(demuxed, None)) is not None:
-                ahead.append(more)
-            if not any(p.is_keyframe for p in ahead):
-                lost = 2  # this one and the next
+        packet = item[0]
+        flagged = packet.is_corrupt and packet.size
+        while len(ahead) < (2 if flagged else 1 if logs is not None else 0) and (more := read()) is not None:
+            ahead.append(more)
+        if flagged and not any(p.is_keyframe for p, _ in itertools.islice(ahead, 2)):
+            lost = 2  # this one and the next
+        if ahead and ahead[0][1] and packet.size:
+            lost = max(lost, 1)  # the bytes the demuxer skipped came right after this one's
         yield packet, lost > 0
         lost = max(0, lost - 1)
 
 
 def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                     codec: str = "") -> Iterator[tuple[av.VideoFrame, bool]]:
-    """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for errors of decoder
-    `codec`, if given."""
+    """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for the demuxer's errors
+    (lost_data) and for those of decoder `codec`, if given."""
     held: list[av.VideoFrame] = []  # B-frames not yet shown: the frame they are predicted from may be damaged
 
     def shown(damaged: bool) -> Iterator[tuple[av.VideoFrame, bool]]:  # the held B-frames, damaged or not
@@ -472,9 +497,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
 
     lost_at = math.inf  # the time from which data was lost (see lost_data), inf while none was
     after_lost, after_lost_pts = False, set()  # since a packet in damage.lost; its successors' times
-    for packet, lost in lost_data(packets(container, stream)):
-        if lost:
-            lost_at = min(lost_at, -math.inf if packet.pts is None else packet.pts)
+    for packet, lost in lost_data(packets(container, stream), logs, container.format.name):
         if packet.size and packet.pos in damage.lost:  # its data is gone (realigned_iso): garbage to a decoder
             damage.lost_packets += 1
             after_lost = True
@@ -492,7 +515,8 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
             logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
         try:
             frames = packet.decode()
-            logged = bool(logs) and any(level <= av.logging.ERROR and name == codec for level, name, _ in logs)
+            logged = bool(codec and logs) and any(level <= av.logging.ERROR and name == codec
+                                                  for level, name, _ in logs)
         except av.InvalidDataError:
             damage.skipped_packets += 1
             damage.bad_run += 1
@@ -508,11 +532,17 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
                 raise
             continue
         damage.bad_run, damage.key_at = 0, None
+        if lost:  # and decoded all the same (one the decoder rejects is counted above, and ends no marking)
+            lost_at = min(lost_at, -math.inf if packet.pts is None else packet.pts)
         for frame in frames:
-            if frame.key_frame or frame.pict_type == PictureType.I:
+            intra = frame.key_frame or frame.pict_type == PictureType.I
+            if intra:
                 damage.since_key = False  # predicted from nothing before it
             if lost_at < math.inf and (frame.pts is None or frame.pts >= lost_at):
-                damage.since_key, lost_at = True, math.inf  # this frame, or one shown before it, lost data
+                # This frame, or one shown before it, lost data. A key frame shown after the time of the
+                # loss is whole: the decoder gave out no frame for the one that lost data.
+                damage.since_key |= not (intra and frame.pts is not None and frame.pts > lost_at)
+                lost_at = math.inf
             if frame.is_corrupt or logged or frame.pts in after_lost_pts:
                 damage.since_key = True  # the frames predicted from it carry its errors on
             if frame.pict_type == PictureType.B and not damage.since_key and len(held) < MAX_HELD_B:
