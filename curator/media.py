@@ -431,19 +431,18 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
             av.logging.set_level(level)
 
 
-def lost_data(demuxed: Iterator[av.Packet], logs: list | None = None,
-              demuxer: str = "") -> Iterator[tuple[av.Packet, bool]]:
-    """(packet, whether data was lost in it) for the packets of `demuxed`.
+def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str) -> Iterator[tuple[av.Packet, bool]]:
+    """(packet, whether data was lost in it) for the packets of `demuxed`, reading `logs` (a
+    Capture's list) for the errors of the demuxer named `demuxer` in them.
 
-    A demuxer that meets bytes it cannot parse logs an error and reads on from the next place it
-    can (Matroska's, the next cluster; MPEG-TS's, the next sync byte): bytes lost from a damaged
-    copy, or noise or zeros written over a stretch of it. Where it does so between two packets,
-    given `logs` (a Capture's list) and `demuxer` (its name in them), the packet before took its data
-    up to where the broken bytes began, and may have taken some of them: it is taken for damaged
-    (VP9's decoder decodes it into a broken picture without a word). So is the last packet where
-    the demuxer stops on such an error (it found no place to read on from, or the file ends there:
-    cut short, where the packet may well be whole, it costs a frame). Among the whole files of every
-    container tried, none logged an error.
+    A demuxer that meets bytes it cannot parse logs an error and reads on from the next place it can
+    (Matroska's, the next cluster; MPEG-TS's, the next sync byte): bytes lost from a damaged copy,
+    or noise or zeros written over a stretch of it. Where it does so between two packets, the packet
+    before took its data up to where the broken bytes began, and may have taken some of them: it is
+    taken for damaged (VP9's decoder decodes it into a broken picture without a word). So is the
+    last packet where the demuxer stops on such an error (it found no place to read on from, or the
+    file ends there: cut short, where the packet may well be whole, it costs a frame). Among the
+    whole files of every container tried, none logged an error.
 
     MPEG-TS's demuxer also flags a packet corrupt where the continuity count of its transport
     packets jumps: bytes were lost (a recording's dropped packets, a damaged copy), and H.264's
@@ -454,17 +453,15 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list | None = None,
     first, a key frame, is one or two on. So a flag with a key frame in the next two packets is
     taken for a join. (Where data was lost just before a key frame, the picture or two it cut short
     are missed.) MP4's demuxer flags the last packet of a file cut short in its middle, which is
-    taken for damaged the same way. Only after a flagged packet are the next two read before it is
-    decoded; with `logs`, always the next one."""
+    taken for damaged the same way. The next packet is read before each is decoded, the next two
+    after a flagged one."""
 
     def read() -> tuple[av.Packet, bool] | None:  # the next packet, and whether the demuxer skipped bytes before it
-        seen = len(logs) if logs is not None else 0
+        seen = len(logs)
         packet = next(demuxed, None)
         if packet is None:
             return None
-        skipped = logs is not None and any(
-            level <= av.logging.ERROR and name == demuxer for level, name, _ in logs[seen:])
-        return packet, skipped
+        return packet, any(level <= av.logging.ERROR and name == demuxer for level, name, _ in logs[seen:])
 
     ahead: collections.deque[tuple[av.Packet, bool]] = collections.deque()  # read, not yet yielded
     lost = 0  # of the packets next yielded, how many lost data
@@ -474,7 +471,7 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list | None = None,
             return
         packet = item[0]
         flagged = packet.is_corrupt and packet.size
-        while len(ahead) < (2 if flagged else 1 if logs is not None else 0) and (more := read()) is not None:
+        while len(ahead) < (2 if flagged else 1) and (more := read()) is not None:
             ahead.append(more)
         if flagged and not any(p.is_keyframe for p, _ in itertools.islice(ahead, 2)):
             lost = 2  # this one and the next
@@ -484,10 +481,10 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list | None = None,
         lost = max(0, lost - 1)
 
 
-def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
-                    codec: str = "") -> Iterator[tuple[av.VideoFrame, bool]]:
+def _decoded_frames(container, stream, damage: Damage, logs: list,
+                    codec: str) -> Iterator[tuple[av.VideoFrame, bool]]:
     """decoded_frames, reading `logs` (a Capture's list, emptied as it goes) for the demuxer's errors
-    (lost_data) and for those of decoder `codec`, if given."""
+    (lost_data) and for those of decoder `codec`, if one is named ("" for none)."""
     held: list[av.VideoFrame] = []  # B-frames not yet shown: the frame they are predicted from may be damaged
 
     def shown(damaged: bool) -> Iterator[tuple[av.VideoFrame, bool]]:  # the held B-frames, damaged or not
@@ -511,8 +508,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list | None = None,
             # the key frame before the loss, given out after it, ended the marking, and B-frames of a
             # pyramid, shown before the lost frame and predicted from it, were not marked at all.
             after_lost_pts.add(packet.pts)
-        if logs:
-            logs.clear()  # what came before this packet's decoding: the demuxer's, other threads'
+        logs.clear()  # what came before this packet's decoding: the demuxer's (read by lost_data), other threads'
         try:
             frames = packet.decode()
             logged = bool(codec and logs) and any(level <= av.logging.ERROR and name == codec
