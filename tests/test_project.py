@@ -62,7 +62,12 @@ def test_console_scripts_in_the_readme_are_registered():
 
 
 def _ci(pytest_args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTEST_ARGS": pytest_args}
+    # Without the make variables of a `make test PYTEST_ARGS=...` this suite may run under: a
+    # variable given on make's command line reaches the inner make through MAKEFLAGS and overrides
+    # the environment's, and the inner run took the outer one's arguments (the whole suite, past
+    # the timeout).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["PYTEST_ARGS"] = pytest_args
     return subprocess.run(["bash", str(REPO / ".ci" / "run")], capture_output=True, text=True, env=env,
                           timeout=300)
 
