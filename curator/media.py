@@ -397,6 +397,8 @@ def packets(container, stream) -> Iterator[av.Packet]:
 # (H.264 allows 16 in a row); more in a row are frames of a stream coded all in B-slices.
 MAX_HELD_B = 16
 DAMAGE_ONLY_LOGGED = {"wmv1", "wmv2", "msmpeg4v1", "msmpeg4v2", "msmpeg4"}
+# What Matroska's demuxer logs where the file ends inside an element: a file cut short (lost_data).
+CUT_SHORT = "File ended prematurely"
 
 
 def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.VideoFrame, bool]]:
@@ -440,9 +442,10 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str) -> Iterato
     or noise or zeros written over a stretch of it. Where it does so between two packets, the packet
     before took its data up to where the broken bytes began, and may have taken some of them: it is
     taken for damaged (VP9's decoder decodes it into a broken picture without a word). So is the
-    last packet where the demuxer stops on such an error (it found no place to read on from, or the
-    file ends there: cut short, where the packet may well be whole, it costs a frame). Among the
-    whole files of every container tried, none logged an error.
+    last packet where the demuxer stops on such an error (it found no place to read on from), but
+    for a Matroska (WebM) file cut short (CUT_SHORT, the only error at the end): that demuxer reads
+    a block whole or not at all, so the last packet it gave out is whole, and the block the file
+    ends in never comes out. Among the whole files of every container tried, none logged an error.
 
     MPEG-TS's demuxer also flags a packet corrupt where the continuity count of its transport
     packets jumps: bytes were lost (a recording's dropped packets, a damaged copy), and H.264's
@@ -461,7 +464,8 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str) -> Iterato
         packet = next(demuxed, None)
         if packet is None:
             return None
-        return packet, any(level <= av.logging.ERROR and name == demuxer for level, name, _ in logs[seen:])
+        errors = [text.strip() for level, name, text in logs[seen:] if level <= av.logging.ERROR and name == demuxer]
+        return packet, bool(errors) and not (packet.size == 0 and set(errors) == {CUT_SHORT})
 
     ahead: collections.deque[tuple[av.Packet, bool]] = collections.deque()  # read, not yet yielded
     lost = 0  # of the packets next yielded, how many lost data
