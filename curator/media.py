@@ -433,9 +433,49 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
             av.logging.set_level(level)
 
 
-def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str) -> Iterator[tuple[av.Packet, bool]]:
+# Transport packets' sizes, and where the sync byte 0x47 is in each: MPEG-TS's, Blu-ray's M2TS (a
+# 4-byte time code first) and DVB's with 16 bytes of error correction after each.
+TS_PACKETS = ((188, 0), (192, 4), (204, 0))
+
+
+def ts_cut_short(path: str, pid: int) -> bool:
+    """Whether the MPEG-TS file at `path` was cut short inside a transport packet of the video
+    (stream `pid`), as a download, a copy or a recording stopped part-way leaves it. The demuxer
+    drops that part of a packet and gives out the frame it was carrying with the data it had,
+    unflagged (a video's PES packet states no length to check it by); H.264's decoder in frame
+    threads marks the broken picture in some runs only. A part packet of the video that starts a
+    frame's data loses nothing more: it is no cut. One of another stream (audio, the tables) is
+    taken for a cut all the same, as where it came amid the video's packets. False where the file
+    ends on whole packets, where its end is no transport packets, or where it cannot be read."""
+    most = max(size for size, _ in TS_PACKETS)
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - 4 * most))
+            tail = f.read()
+    except OSError:
+        return False
+    n = len(tail)
+    for size, at in TS_PACKETS:
+        if n < 3 * size:
+            continue
+        if tail[n - size + at] == tail[n - 2 * size + at] == 0x47:
+            return False  # whole packets to the end
+        for sync in range(n - size + at + 1, n):  # where the part packet's sync byte would be
+            if tail[sync] == tail[sync - size] == tail[sync - 2 * size] == 0x47:
+                header = tail[sync + 1:sync + 3]
+                if len(header) < 2:
+                    return True  # too little of it left to say which stream's it was
+                starts = header[0] & 0x40  # payload_unit_start_indicator: a new PES packet starts in it
+                return not (starts and ((header[0] & 0x1F) << 8 | header[1]) == pid)
+    return False
+
+
+def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str,
+              ends_cut: bool = False) -> Iterator[tuple[av.Packet, bool]]:
     """(packet, whether data was lost in it) for the packets of `demuxed`, reading `logs` (a
-    Capture's list) for the errors of the demuxer named `demuxer` in them.
+    Capture's list) for the errors of the demuxer named `demuxer` in them. `ends_cut`: the file
+    was cut short inside the last packet's data (ts_cut_short), which is then taken for damaged.
 
     A demuxer that meets bytes it cannot parse logs an error and reads on from the next place it can
     (Matroska's, the next cluster; MPEG-TS's, the next sync byte): bytes lost from a damaged copy,
@@ -464,6 +504,8 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str) -> Iterato
         packet = next(demuxed, None)
         if packet is None:
             return None
+        if packet.size == 0 and ends_cut:
+            return packet, True
         errors = [text.strip() for level, name, text in logs[seen:] if level <= av.logging.ERROR and name == demuxer]
         return packet, bool(errors) and not (packet.size == 0 and set(errors) == {CUT_SHORT})
 
@@ -498,7 +540,9 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
 
     lost_at = math.inf  # the time from which data was lost (see lost_data), inf while none was
     after_lost, after_lost_pts = False, set()  # since a packet in damage.lost; its successors' times
-    for packet, lost in lost_data(packets(container, stream), logs, container.format.name):
+    ends_cut = container.format.name == "mpegts" and isinstance(container.name, str) \
+        and os.path.isfile(container.name) and ts_cut_short(container.name, stream.id)
+    for packet, lost in lost_data(packets(container, stream), logs, container.format.name, ends_cut):
         if packet.size and packet.pos in damage.lost:  # its data is gone (realigned_iso): garbage to a decoder
             damage.lost_packets += 1
             after_lost = True
