@@ -1497,6 +1497,29 @@ def test_an_mpeg_ts_cut_short_marks_the_frame_it_cut(bikes, tmp_path):
     assert not ts_cut_short(str(tmp_path / "whole_packets.ts"), pid)
 
 
+@pytest.mark.parametrize("ext, options", [("mp4", {"movflags": "faststart"}), ("flv", None)])
+def test_a_file_cut_short_marks_no_whole_frame_before_the_cut(bikes, tmp_path, ext, options):
+    """H.264 with B-frames, in an MP4 whose index comes first (a download cut short) or an FLV,
+    cut at 8 places. The demuxer flags the last packet, which holds part of its data, and H.264's
+    decoder in one thread refuses it. Every frame given out before that, and those it held to
+    reorder, were marked damaged, though decoded before it and whole (27 frames of the 8 MP4 cuts,
+    24 of the FLV's): a refused packet now marks only those decoded after it. The empty packet that
+    drains the decoder also took the flag's "and the next", and marked the first frame it gave out
+    from there (in frame threads too: 19 whole frames of the MP4's cuts). No frame is left broken
+    and unmarked, in one thread or in frame threads."""
+    path = tmp_path / f"whole.{ext}"
+    _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25, container_options=options)
+    data = path.read_bytes()
+    whole = _clean_decode_by_time(path)
+    for at in np.linspace(0.3, 0.9, 8):
+        (tmp_path / f"cut.{ext}").write_bytes(data[:int(len(data) * at)])
+        for frame_threads in (False, True):
+            copy = _clean_decode_by_time(tmp_path / f"cut.{ext}", frame_threads)
+            unlike = {pts for pts, (picture, _) in copy.items() if np.mean((picture - whole[pts][0]) ** 2) > 1}
+            marked = {pts for pts, (_, damaged) in copy.items() if damaged}
+            assert unlike <= marked and (frame_threads or marked <= unlike), (at, frame_threads, marked, unlike)
+
+
 def _clean_decode_by_time(path: Path, frame_threads: bool = False) -> dict[int, tuple[np.ndarray, bool]]:
     """pts -> (luma (h, w), marked damaged) of every frame of the source at `path`, as curation
     decodes it (through the video that stands in for it, if any): in one thread, as with several
