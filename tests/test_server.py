@@ -141,10 +141,15 @@ def test_concurrent_same_shape_requests_are_batched_and_each_seed_keeps_its_vide
     assert max(j["timings"]["batch_size"] for j in jobs) >= 2
     from inference.pipeline import Request
 
-    for job_id, body in zip(ids, bodies, strict=True):
-        served = frames_of(call(base, "GET", f"/v1/videos/{job_id}/content")[2]).astype(int)
-        alone, _ = pipe([Request(**body)])
-        assert np.abs(frames_of_alone(alone[0]) - served).max() <= 2
+    served = [frames_of(call(base, "GET", f"/v1/videos/{job_id}/content")[2]).astype(int) for job_id in ids]
+    alone = [frames_of_alone(pipe([Request(**body)])[0][0]) for body in bodies]
+    # (i, j): mean difference of request i's video served in a batch and request j's made alone. A
+    # batch's frames differ from those made alone by float noise, a level at most; H.264 at 16x16 (a
+    # frame one macroblock) can turn a level into another choice of the encoder for a whole frame,
+    # up to 20 levels in places (seen once in the whole suite). Another seed's video is about 60 off.
+    apart = np.array([[np.abs(s - a).mean() for a in alone] for s in served])
+    assert (apart.argmin(axis=1) == np.arange(len(bodies))).all() and apart.diagonal().max() <= 4, apart.round(2)
+    assert np.delete(apart, np.arange(0, apart.size, len(bodies) + 1)).min() > 30, apart.round(2)
 
 
 def frames_of_alone(frames: np.ndarray) -> np.ndarray:
