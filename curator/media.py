@@ -439,19 +439,21 @@ TS_PACKETS = ((188, 0), (192, 4), (204, 0))
 
 
 def ts_cut_short(path: str, pid: int) -> bool:
-    """Whether the MPEG-TS file at `path` was cut short inside a transport packet of the video
-    (stream `pid`), as a download, a copy or a recording stopped part-way leaves it. The demuxer
-    drops that part of a packet and gives out the frame it was carrying with the data it had,
-    unflagged (a video's PES packet states no length to check it by); H.264's decoder in frame
-    threads marks the broken picture in some runs only. A part packet of the video that starts a
-    frame's data loses nothing more: it is no cut. One of another stream (audio, the tables) is
-    taken for a cut all the same, as where it came amid the video's packets. False where the file
-    ends on whole packets, where its end is no transport packets, or where it cannot be read."""
-    most = max(size for size, _ in TS_PACKETS)
+    """Whether the MPEG-TS file at `path` was cut short in the middle of a frame of the video (stream
+    `pid`), as a download, a copy or a recording stopped part-way leaves it. The demuxer gives out
+    the frame it was reading with the data it had, unflagged (a video's PES packet states no length
+    to check it by); H.264's decoder in frame threads marks the broken picture in some runs only.
+
+    Where the file ends inside a transport packet of the video, that packet tells: one that goes on
+    with a frame's data was cut; one that starts a frame's lost nothing more (that frame never comes
+    out, and the one before is whole). Otherwise (whole packets to the end, or a part packet of
+    another stream) the video's last packet tells: the last of a frame's PES packet fills out the
+    transport packet with stuffing, one amid a frame's data is full. False where the end is no
+    transport packets, or the file cannot be read."""
     try:
         with open(path, "rb") as f:
             end = f.seek(0, os.SEEK_END)
-            f.seek(max(0, end - 4 * most))
+            f.seek(max(0, end - TS_TAIL))
             tail = f.read()
     except OSError:
         return False
@@ -460,15 +462,43 @@ def ts_cut_short(path: str, pid: int) -> bool:
         if n < 3 * size:
             continue
         if tail[n - size + at] == tail[n - 2 * size + at] == 0x47:
-            return False  # whole packets to the end
-        for sync in range(n - size + at + 1, n):  # where the part packet's sync byte would be
-            if tail[sync] == tail[sync - size] == tail[sync - 2 * size] == 0x47:
-                header = tail[sync + 1:sync + 3]
-                if len(header) < 2:
-                    return True  # too little of it left to say which stream's it was
-                starts = header[0] & 0x40  # payload_unit_start_indicator: a new PES packet starts in it
-                return not (starts and ((header[0] & 0x1F) << 8 | header[1]) == pid)
+            grid = n - size + at  # whole packets to the end: the sync byte of the last
+        else:  # the part packet's sync byte, if it is one of this size's
+            grid = next((sync for sync in range(n - size + at + 1, n)
+                         if tail[sync] == tail[sync - size] == tail[sync - 2 * size] == 0x47), None)
+            if grid is None:
+                continue
+            header = tail[grid + 1:grid + 3]
+            if len(header) < 2:
+                return True  # too little of it left to say which stream's it was
+            if (header[0] & 0x1F) << 8 | header[1] == pid:
+                return not header[0] & 0x40  # payload_unit_start_indicator: a new PES packet starts in it
+            grid -= size
+        while grid >= 0 and tail[grid] == 0x47:  # back to the video's last whole packet
+            packet = tail[grid:grid + 188]
+            if (packet[1] & 0x1F) << 8 | packet[2] == pid and packet[3] & 0x10:  # one with payload
+                return not _stuffed(packet)
+            grid -= size
+        return False  # no packet of the video in the last TS_TAIL bytes
     return False
+
+
+TS_TAIL = 64 << 10  # bytes at the end of a .ts searched for the video's last transport packet
+
+
+def _stuffed(packet: bytes) -> bool:
+    """Whether a 188-byte transport packet fills out its payload with stuffing bytes in its
+    adaptation field, as the last packet of a PES packet does unless its data fits exactly."""
+    if not packet[3] & 0x20:  # no adaptation field: payload only, 184 bytes
+        return False
+    length = packet[4]
+    if length == 0:  # an adaptation field of its length byte alone: one byte of stuffing
+        return True
+    flags = packet[5]
+    used = 1 + 6 * bool(flags & 0x10) + 6 * bool(flags & 0x08) + bool(flags & 0x04)  # flags, PCR, OPCR, splice
+    if flags & 0x02 and used < length:  # transport private data: a length byte, then that many bytes
+        used += 1 + packet[5 + used]
+    return length > used or bool(flags & 0x01)  # an extension is not sized here: taken for an end
 
 
 def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str,

@@ -1470,7 +1470,8 @@ def test_an_mpeg_ts_cut_short_marks_the_frame_it_cut(bikes, tmp_path):
     and H.264's decoder in frame threads (a run with one worker) marked the broken picture in some
     runs only: 10 of 30 cuts of bikes.mp4 kept it unmarked. It is now marked wherever the part
     packet continues the video's data; where it starts a frame's, that frame never comes out and the
-    one before is whole."""
+    one before is whole. A cut on a packet's boundary is told by the video's last packet: full amid
+    a frame's data, filled out with stuffing at its end."""
     from curator.media import ts_cut_short
 
     path = tmp_path / "whole.ts"
@@ -1493,8 +1494,11 @@ def test_an_mpeg_ts_cut_short_marks_the_frame_it_cut(bikes, tmp_path):
         marked = [pts for pts, (_, damaged) in copy.items() if damaged]
         assert not unlike and (bool(marked) == (i in goes_on)), (i, len(copy), marked, unlike)
     assert not ts_cut_short(str(path), pid)  # whole packets to the end
-    (tmp_path / "whole_packets.ts").write_bytes(data[:goes_on[0] * 188])
-    assert not ts_cut_short(str(tmp_path / "whole_packets.ts"), pid)
+    # Cut on a packet's boundary: amid a frame's data (its last packet full), or after a frame's
+    # last packet (filled out with stuffing).
+    for i in goes_on[:3] + starts:
+        (tmp_path / "whole_packets.ts").write_bytes(data[:i * 188])
+        assert ts_cut_short(str(tmp_path / "whole_packets.ts"), pid) == (i in goes_on), i
 
 
 @pytest.mark.parametrize("ext, options", [("mp4", {"movflags": "faststart"}), ("flv", None)])
