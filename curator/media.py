@@ -607,7 +607,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
                 # out so far, and those the decoder holds to reorder, are whole. Those decoded after
                 # it, up to the next key frame, may be predicted from the frame it lost.
                 after_lost = True
-            else:  # frame threads: the error may be an earlier packet's (see below)
+            else:  # in frame threads the error may be an earlier packet's (see below); see in_order for other decoders
                 damage.since_key = True
                 yield from shown(True)  # shown before the frame they are predicted from, which may be this one
             # A run is given up only a while after a key frame failed too: a stream cut from the
