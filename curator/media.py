@@ -534,10 +534,10 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str,
         packet = next(demuxed, None)
         if packet is None:
             return None
-        if packet.size == 0 and ends_cut:
-            return packet, True
-        errors = [text.strip() for level, name, text in logs[seen:] if level <= av.logging.ERROR and name == demuxer]
-        return packet, bool(errors) and not (packet.size == 0 and set(errors) == {CUT_SHORT})
+        errors = {text.strip() for level, name, text in logs[seen:] if level <= av.logging.ERROR and name == demuxer}
+        if packet.size == 0:  # the end: the packet before lost data where the file was cut inside it
+            return packet, ends_cut or bool(errors - {CUT_SHORT})
+        return packet, bool(errors)
 
     ahead: collections.deque[tuple[av.Packet, bool]] = collections.deque()  # read, not yet yielded
     lost = 0  # of the packets next yielded, how many lost data
@@ -576,8 +576,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
     # without a word before it refuses the next (2 of 12 damaged HEVC files, in one thread).
     ctx = stream.codec_context
     in_order = ctx.name == "h264" and (ctx.thread_count == 1 or not ctx.thread_type & av.codec.context.ThreadType.FRAME)
-    ends_cut = container.format.name == "mpegts" and isinstance(container.name, str) \
-        and os.path.isfile(container.name) and ts_cut_short(container.name, stream.id)
+    ends_cut = container.format.name == "mpegts" and ts_cut_short(container.name, stream.id)
     for packet, lost in lost_data(packets(container, stream), logs, container.format.name, ends_cut):
         if packet.size and packet.pos in damage.lost:  # its data is gone (realigned_iso): garbage to a decoder
             damage.lost_packets += 1
