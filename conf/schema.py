@@ -136,7 +136,7 @@ class FilterConfig:
     min_coherence: float = 0.2
     min_brightness: float = 16.0  # mean luma (0..255) below which a clip is black
     max_brightness: float = 245.0
-    min_short_side: int = 64
+    min_short_side: int = 64  # pixels, of the clip or of the source's stored ones across it where fewer
     max_aspect: float = 3.0
     ocr: bool = False
     max_text_area: float = 0.1  # fraction of the frame covered by detected text

@@ -631,6 +631,39 @@ def test_a_change_of_pixel_aspect_alone_is_a_change_of_shape(tmp_path, interlace
             assert (c.streams.video[0].width, c.streams.video[0].height) == (clip.width, clip.height)
 
 
+def _waves(n: int, h: int, w: int) -> list[np.ndarray]:
+    """`n` frames (h, w, 3) of smooth colour waves that drift sideways, 2 pixels a frame."""
+    y, x = np.mgrid[0:h, 0:w + 2 * n].astype(np.float32)
+    waves = np.stack([128 + 100 * np.sin(x / 7 + y / 90), 128 + 100 * np.sin(y / 60),
+                      128 + 90 * np.cos(x / 11 - y / 130)], -1).astype(np.uint8)
+    return [np.ascontiguousarray(waves[:, 2 * i:2 * i + w]) for i in range(n)]
+
+
+@pytest.mark.parametrize("rotation", [0, 90])
+def test_a_picture_stretched_from_few_stored_pixels_is_low_resolution(tmp_path, rotation):
+    """A stream stored 16 pixels wide and 1024 high, at a pixel aspect of 150:1, is shown 2400x1024
+    (FFmpeg keeps the shown aspect so), and its clips came out 600x256 and were kept: every column
+    of them one of 16 stretched, against `filters.min_short_side`=64. The short side is weighed on
+    the stored pixels the picture holds: the clip is dropped as `low_resolution`, and says why.
+    Rotated a quarter turn, the same across its height. The same picture at 1:1, stored 600x256,
+    is kept; and so is a PAL DVD's 720x576 at 16:15, which stores more than its clips show."""
+    turned = rotation in (90, 270)
+    cfg = conf.compose("curate", ["input=x", "output=y"])
+    _encode(tmp_path / "stretched.mp4", _waves(48, 1024, 16), pixel_aspect=Fraction(150), rotation=rotation)
+    record, clips = process_source(str(tmp_path / "stretched.mp4"), "stretched", cfg)
+    assert (record["width"], record["height"]) == ((1024, 2400) if turned else (2400, 1024))
+    ((width, height), (across, down)) = ((256, 600), (256, 16)) if turned else ((600, 256), (16, 256))
+    assert [(c.width, c.height, c.kept) for c in clips] == [(width, height, False)]
+    assert clips[0].reason == (f"low_resolution: short side 16 < filters.min_short_side=64: its {width}x{height} "
+                               f"frames hold {across}x{down} pixels' detail, the source's pixels stretched by its "
+                               "pixel aspect")
+    for name, frames, aspect, size in (("square.mp4", _waves(48, 256, 600), None, (600, 256)),
+                                       ("dvd.mp4", _waves(48, 576, 720), Fraction(16, 15), (342, 256))):
+        _encode(tmp_path / name, frames, pixel_aspect=aspect, rotation=rotation)
+        _, clips = process_source(str(tmp_path / name), name, cfg)
+        assert [(c.width, c.height, c.kept) for c in clips] == [(*(size[::-1] if turned else size), True)], name
+
+
 def test_shards_hold_decodable_h264_clips_with_captions_and_metadata(curated):
     out, summary, records, samples = curated
     assert len(samples) == summary["kept"] == sum(s["num_samples"] for s in summary["shards"])

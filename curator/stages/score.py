@@ -457,16 +457,24 @@ def niqe_of(lumas: list[np.ndarray]) -> float | None:
 
 
 def filter_reason(scores: dict, duration: float, num_frames: int, width: int, height: int, clips_cfg,
-                  cfg) -> str | None:
-    """Why a clip of `duration` seconds and `num_frames` source frames is dropped, or None to keep it."""
+                  cfg, detail: tuple[int, int] | None = None) -> str | None:
+    """Why a clip of `duration` seconds and `num_frames` source frames, `width` x `height`, is
+    dropped, or None to keep it. `detail`: (w, h), the source's stored pixels across and down its
+    picture where it knows them (fewer than its size where the source's pixel aspect stretches
+    them); the short side is weighed on those."""
     if duration < clips_cfg.min_s:
         return f"too_short: {duration:.2f}s < clips.min_s={clips_cfg.min_s}"
     # A source of a frame a minute (a timelapse camera's) makes clips of one frame that last long
     # enough: a picture, not a video, and one frame shows no motion to measure.
     if num_frames < 2:
         return f"too_few_frames: {num_frames} frame of {duration:.2f}s: a still picture, not a video"
-    if min(width, height) < cfg.min_short_side:
-        return f"low_resolution: short side {min(width, height)} < filters.min_short_side={cfg.min_short_side}"
+    detail = detail or (width, height)
+    if min(detail) < cfg.min_short_side:
+        if min(detail) == min(width, height):
+            return f"low_resolution: short side {min(width, height)} < filters.min_short_side={cfg.min_short_side}"
+        return (f"low_resolution: short side {min(detail)} < filters.min_short_side={cfg.min_short_side}: its "
+                f"{width}x{height} frames hold {detail[0]}x{detail[1]} pixels' detail, the source's pixels "
+                "stretched by its pixel aspect")
     aspect = max(width, height) / min(width, height)
     if aspect > cfg.max_aspect:
         return f"bad_aspect: {aspect:.2f} > filters.max_aspect={cfg.max_aspect}"

@@ -192,8 +192,9 @@ class _Splitter:
     """The online windowing state of one source; frames are pushed in decode order."""
 
     def __init__(self, source_id: str, fps: float, out_fps: float, cfg, framing: Framing, timings: dict,
-                 encoder: ClipEncoder):
+                 encoder: ClipEncoder, rotation: int = 0):
         self.source_id, self.fps, self.out_fps, self.cfg = source_id, fps, out_fps, cfg
+        self.rotation = rotation  # of the source's frames, as the probe read it (0, 90, 180 or 270)
         self.timeline = Timeline(fps)
         self.out_size, self.source_bars = framing
         self.timings, self.encoder = timings, encoder
@@ -300,7 +301,8 @@ class _Splitter:
         # is too long where the file has a pause in it), else the rate's.
         t_end = t_last + ((t_last - t_start) / (len(frames) - 1) if uneven else 1 / self.fps)
         duration = t_end - t_start if uneven else len(frames) / self.fps
-        reason = score.filter_reason(scores, duration, len(frames), w, h, self.cfg.clips, self.cfg.filters)
+        reason = score.filter_reason(scores, duration, len(frames), w, h, self.cfg.clips, self.cfg.filters,
+                                     _detail(frames[0], size, crop, self.rotation))
         stretched = sum(f.stretched for f in frames)
         if damaged:
             reason = "damaged: decoded from a corrupt stretch of the source (lost or concealed data)"
@@ -322,6 +324,20 @@ class _Splitter:
             clip.num_frames = len(picks)
             self.encoder.submit(clip, [crop.frame(frames[i].frame) for i in picks])
         self.clips.append(clip)
+
+
+def _detail(frame: media.DecodedFrame, size: tuple[int, int], crop: _Crop, rotation: int) -> tuple[int, int]:
+    """(w, h): how many of the source's stored pixels lie across and down a clip's picture, at most
+    the clip's size. A source stored at a pixel aspect far from 1 is stretched along one axis to its
+    shown size: one stored 16x1024 at 150:1 is shown 2400x1024, and its clips, 600x256, hold 16
+    columns of picture. `frame`: the clip's first; `size`: its transcode frames' (w, h)."""
+    sw, sh = frame.stored_size
+    if rotation in (90, 270):
+        sw, sh = sh, sw
+    if not (sw and sh):
+        return crop.width, crop.height
+    return (min(crop.width, max(1, round(crop.picture[0] * sw / size[0]))),
+            min(crop.height, max(1, round(crop.picture[1] * sh / size[1]))))
 
 
 def _ratio(x) -> str:
@@ -526,7 +542,7 @@ def _process_source(path: str, source_id: str, cfg, boundaries: dict | None,
     encoder = ClipEncoder(encode_workers(cfg.get("codec_threads")), out_fps, cfg.transcode, timings, spool)
     try:
         return _split(path, p, cfg, detector,
-                      _Splitter(source_id, p.fps, out_fps, cfg, framing, timings, encoder), record)
+                      _Splitter(source_id, p.fps, out_fps, cfg, framing, timings, encoder, p.rotation), record)
     finally:
         encoder.close()
 
