@@ -666,6 +666,12 @@ def stated_duration(container, stream) -> float:
         return 0.0
 
 
+def _codec_name(ctx) -> str:
+    """The stream's codec as FFmpeg names the format ("av1"), not the decoder that reads it: FFmpeg
+    decodes AV1 with libdav1d, whose name a record said before."""
+    return ctx.codec.canonical_name or ctx.name
+
+
 def _pixel_aspect(stream) -> Fraction:
     sar = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
     return Fraction(sar) if sar and sar > 0 else Fraction(1)
@@ -691,12 +697,12 @@ def probe(path: str) -> Probe:
                 # Rejected packets from the start, as many as decoded_frames allows in a row, key
                 # frames among them: a stream without the parameter sets its frames refer to, or
                 # not of the codec its container says.
-                raise MediaError(f"no decodable video frame ({ctx.name} stream, the decoder rejected its "
+                raise MediaError(f"no decodable video frame ({_codec_name(ctx)} stream, the decoder rejected its "
                                  f"first {damage.bad_run} packets, key frames among them)") from None
             if first is None:
                 n = damage.skipped_packets
                 rejected = f", the decoder rejected {n} packet(s)" if n else ""
-                raise MediaError(f"no decodable video frame ({ctx.name} stream{rejected})")
+                raise MediaError(f"no decodable video frame ({_codec_name(ctx)} stream{rejected})")
             stated = round(getattr(first, "rotation", 0) or 0) % 360
             rotation = right_angle(stated)
             avg, nominal = _rate(stream.average_rate), _rate(stream.base_rate or stream.guessed_rate)
@@ -729,7 +735,7 @@ def probe(path: str) -> Probe:
                 duration_s=duration,
                 rotation=rotation,
                 stated_rotation=stated if stated != rotation else None,
-                codec=getattr(stand_in(path), "codec", None) or ctx.name,  # an animated WebP's: webp
+                codec=getattr(stand_in(path), "codec", None) or _codec_name(ctx),  # an animated WebP's: webp
                 vfr=vfr,
                 filmed_fps=filmed_rate(gaps, fps, nominal) if vfr else fps,
                 pixel_aspect=round(float(aspect), 4),

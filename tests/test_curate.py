@@ -1632,6 +1632,23 @@ def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes,
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
+def test_an_av1_source_is_curated_and_its_record_names_the_codec_not_the_decoder(bikes, tmp_path):
+    """AV1, as video sites serve it now: FFmpeg decodes it with libdav1d, and the record's `codec`
+    said "libdav1d", where every other source's names its format ("h264", "vp9"). It says "av1",
+    and the source is curated as its H.264 copy is: the same shots and clips."""
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
+    _encode(tmp_path / "bikes.mp4", frames, fps=25)
+    _encode(tmp_path / "bikes_av1.mp4", frames, fps=25, codec="libsvtav1", codec_options={"preset": "12"})
+    plain, plain_clips = process_source(str(tmp_path / "bikes.mp4"), "bikes", cfg)
+    record, clips = process_source(str(tmp_path / "bikes_av1.mp4"), "bikes_av1", cfg)
+    assert record["status"] == "ok" and record["codec"] == "av1" and record["warning"] is None
+    assert record["shots"] == plain["shots"] == [[0, 30], [30, 76], [76, 100]]
+    assert [(c.start_frame, c.end_frame, c.kept, c.reason) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept, c.reason) for c in plain_clips]
+    assert [c.kept for c in clips] == [True, True, False]  # the last shot under clips.min_s
+
+
 def _animated_webp(path: Path, frames, durations_ms) -> None:
     """An animated WebP, as Pillow writes one, each frame shown for its own time."""
     from PIL import Image

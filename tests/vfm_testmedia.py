@@ -9,12 +9,12 @@ from pathlib import Path
 
 def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=None, time_base=None,
             pixel_aspect=None, gop=None, metadata=None, codec="libx264", container_options=None, x264_params=None,
-            threads=None):
+            threads=None, codec_options=None):
     """Write RGB frames as H.264 (or `codec`) with PyAV; `pts` with `time_base` gives a variable frame
     rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many;
     `x264_params`: x264's own options ("tff=1": interlaced, top field first), or x265's for libx265;
     `threads`: the encoder's (1 for the same bytes in every run: x264 in threads gave a process's
-    first encode other bytes than the next)."""
+    first encode other bytes than the next); `codec_options`: the encoder's own ({"preset": "12"})."""
     import av
 
     with av.open(str(path), "w", options=container_options or {}) as c:
@@ -33,6 +33,7 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
         options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"} if gop else {}
         if x264_params:
             options["x265-params" if codec == "libx265" else "x264-params"] = x264_params
+        options.update(codec_options or {})
         if options:
             s.options = options
         for i, a in enumerate(frames):
