@@ -577,6 +577,12 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
     ctx = stream.codec_context
     in_order = ctx.name == "h264" and (ctx.thread_count == 1 or not ctx.thread_type & av.codec.context.ThreadType.FRAME)
     ends_cut = container.format.name == "mpegts" and ts_cut_short(container.name, stream.id)
+    # AV1's decoders show a frame again for a packet of a few bytes (show_existing_frame), typed as
+    # that frame was. After refused packets the frame shown again can be a key frame from before the
+    # damage: its picture frozen over the frames the decoder refused, each typed a key frame, which
+    # ended the marking (76 broken frames of a bit-flipped WebM, none marked). So in AV1 a marking
+    # ends only at a frame of a packet the container flags as a key frame (their times, key_pts).
+    key_pts: set | None = set() if _codec_name(ctx) == "av1" else None
     for packet, lost in lost_data(packets(container, stream), logs, container.format.name, ends_cut):
         if packet.size and packet.pos in damage.lost:  # its data is gone (realigned_iso): garbage to a decoder
             damage.lost_packets += 1
@@ -585,6 +591,8 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
             continue
         if packet.is_keyframe:
             after_lost = False
+            if key_pts is not None and packet.pts is not None:
+                key_pts.add(packet.pts)
         elif after_lost and packet.pts is not None:
             # Decoded after a frame that is gone, so perhaps predicted from it. A decoder gives out
             # frames later than it takes their packets (to reorder them): marked as they come out,
@@ -621,6 +629,8 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
             lost_at = min(lost_at, -math.inf if packet.pts is None else packet.pts)
         for frame in frames:
             intra = frame.key_frame or frame.pict_type == PictureType.I
+            if key_pts and frame.pts is not None:  # AV1 (see key_pts)
+                intra = intra and frame.pts in key_pts
             if intra:
                 damage.since_key = False  # predicted from nothing before it
             if lost_at < math.inf and (frame.pts is None or frame.pts >= lost_at):

@@ -1649,6 +1649,27 @@ def test_an_av1_source_is_curated_and_its_record_names_the_codec_not_the_decoder
     assert [c.kept for c in clips] == [True, True, False]  # the last shot under clips.min_s
 
 
+def test_an_av1_key_frame_shown_again_over_refused_frames_is_marked(bikes, tmp_path):
+    """AV1's decoders show a frame again for a packet of a few bytes (show_existing_frame), typed as
+    it was. Noise in the hidden frame that a group's frames are predicted from makes dav1d refuse
+    them, and for each few-byte packet it shows the key frame again: its picture frozen where the
+    video goes on, each typed a key frame, and the marking of the refused packets ended at the first.
+    Every frame unlike the whole file's was unmarked (86 levels off at most); now each is marked."""
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
+    whole, damaged = tmp_path / "whole.mp4", tmp_path / "noise.mp4"
+    _encode(whole, frames, fps=25, codec="libsvtav1", codec_options={"preset": "12"})
+    with av.open(str(whole)) as c:
+        group = [(p.pos, p.size) for p in c.demux(c.streams.video[0]) if p.size][1:17]
+    pos, size = max(group, key=lambda p: p[1])  # the hidden frame, the largest of the group after the key frame
+    data = bytearray(whole.read_bytes())
+    data[pos + size // 3:pos + size // 3 + 64] = np.random.default_rng(1).integers(0, 256, 64, np.uint8).tobytes()
+    damaged.write_bytes(bytes(data))
+    copy = _clean_decode_by_time(damaged)
+    broken = _unlike(copy, _clean_decode_by_time(whole))
+    assert len(broken) >= 20  # the damage took
+    assert not [pts for pts in broken if not copy[pts][1]]
+
+
 def _animated_webp(path: Path, frames, durations_ms) -> None:
     """An animated WebP, as Pillow writes one, each frame shown for its own time."""
     from PIL import Image
