@@ -468,13 +468,13 @@ def filter_reason(scores: dict, duration: float, num_frames: int, width: int, he
     # enough: a picture, not a video, and one frame shows no motion to measure.
     if num_frames < 2:
         return f"too_few_frames: {num_frames} frame of {duration:.2f}s: a still picture, not a video"
-    detail = detail or (width, height)
-    if min(detail) < cfg.min_short_side:
-        if min(detail) == min(width, height):
-            return f"low_resolution: short side {min(width, height)} < filters.min_short_side={cfg.min_short_side}"
-        return (f"low_resolution: short side {min(detail)} < filters.min_short_side={cfg.min_short_side}: its "
-                f"{width}x{height} frames hold {detail[0]}x{detail[1]} pixels' detail, the source's pixels "
-                "stretched by its pixel aspect")
+    short = min(detail or (width, height))
+    if short < cfg.min_short_side:
+        reason = f"low_resolution: short side {short} < filters.min_short_side={cfg.min_short_side}"
+        if short < min(width, height):  # fewer stored pixels than the clip shows
+            reason += (f": its {width}x{height} frames hold {detail[0]}x{detail[1]} pixels' detail, the source's "
+                       "pixels stretched by its pixel aspect")
+        return reason
     aspect = max(width, height) / min(width, height)
     if aspect > cfg.max_aspect:
         return f"bad_aspect: {aspect:.2f} > filters.max_aspect={cfg.max_aspect}"

@@ -334,8 +334,6 @@ def _detail(frame: media.DecodedFrame, size: tuple[int, int], crop: _Crop, rotat
     sw, sh = frame.stored_size
     if rotation in (90, 270):
         sw, sh = sh, sw
-    if not (sw and sh):
-        return crop.width, crop.height
     return (min(crop.width, max(1, round(crop.picture[0] * sw / size[0]))),
             min(crop.height, max(1, round(crop.picture[1] * sh / size[1]))))
 
