@@ -10,6 +10,8 @@ import io
 import itertools
 import math
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -286,7 +288,19 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
         return realigned_iso(path)
-    return None
+    return None if _opens(path) else iso_after_a_damaged_head(path)
+
+
+def _opens(path: str) -> bool:
+    """Whether FFmpeg takes the file at `path` for media of a format it reads (probe says what else
+    is wrong with it, if anything)."""
+    try:
+        with av.open(path, "r", metadata_errors="replace"):
+            return True
+    except av.InvalidDataError:
+        return False
+    except (av.FFmpegError, OSError, ValueError):
+        return True
 
 
 def stand_in(path: str) -> StandIn | None:
@@ -298,6 +312,8 @@ def stand_in(path: str) -> StandIn | None:
         st = os.stat(path)
     except OSError:
         return None  # not a file to read: av.open says why
+    if not stat.S_ISREG(st.st_mode):
+        return None  # a named pipe or a device: probe says so, and nothing may read it first
     return _stand_in(os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
@@ -601,7 +617,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
             after_lost_pts.add(packet.pts)
         logs.clear()  # what came before this packet's decoding: the demuxer's (read by lost_data), other threads'
         try:
-            frames = packet.decode()
+            frames = _decode(packet, ctx)
             logged = bool(codec and logs) and any(level <= av.logging.ERROR and name == codec
                                                   for level, name, _ in logs)
         except av.InvalidDataError:
@@ -649,6 +665,21 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
             damage.damaged_frames += damage.since_key
             yield frame, damage.since_key
     yield from shown(False)
+
+
+def _decode(packet: av.Packet, ctx) -> list[av.VideoFrame]:
+    """packet.decode(), where a decoder that takes no more packets after refusing a run of them is
+    reset and given the packet again. FFmpeg's VP9 decoder, after a dozen packets refused in a row
+    (a damaged key frame's, then those of the frames predicted from it), refused every packet after
+    them, key frames too, with EAGAIN ("Resource temporarily unavailable"): the rest of the stream
+    was lost, or the whole source where the damage was at its start. Reset, it loses its reference
+    frames (the frames up to the next key frame are refused as they were before) and decodes again
+    from the next key frame."""
+    try:
+        return packet.decode()
+    except av.BlockingIOError:
+        ctx.flush_buffers()
+        return packet.decode()
 
 
 def stated_duration(container, stream) -> float:
@@ -893,11 +924,12 @@ def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | 
 class _Realigned(io.RawIOBase):
     """A file read as it was before bytes were lost from or added to it at one place (a damaged
     copy): byte `x` of the view is the file's byte `x` before `split`, and its byte `x + shift`
-    from there on (zeros where that is outside the file)."""
+    from there on (zeros where that is outside the file); its first bytes are `head`, where given
+    (a box header put over a damaged one)."""
 
-    def __init__(self, path: str, split: int, shift: int):
+    def __init__(self, path: str, split: int, shift: int, head: bytes = b""):
         self.raw = open(path, "rb")  # noqa: SIM115 (open while the stand-in is kept; closed with it)
-        self.split, self.shift = split, shift
+        self.split, self.shift, self.head = split, shift, head
         self.size = os.fstat(self.raw.fileno()).st_size - shift
         self.pos = 0
 
@@ -927,7 +959,10 @@ class _Realigned(io.RawIOBase):
     def view_bytes(self, at: int, n: int) -> bytes:
         """The view's `n` bytes from its byte `at`."""
         before = max(0, min(n, self.split - at))
-        return self.file_bytes(at, before) + self.file_bytes(at + before + self.shift, n - before)
+        data = self.file_bytes(at, before) + self.file_bytes(at + before + self.shift, n - before)
+        if at < len(self.head):
+            data = self.head[at:at + n] + data[len(self.head) - at:]
+        return data
 
     def readinto(self, buffer) -> int:
         n = max(0, min(len(buffer), self.size - self.pos))
@@ -938,6 +973,63 @@ class _Realigned(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+ISO_BOXES = re.compile(b"ftyp|moov|mdat|free|skip|wide")  # the top-level boxes a header is made of
+
+
+def _boxes_to_the_end(path: str, within: int = 1 << 20) -> int | None:
+    """The first place past the start of an ISO media file from which boxes follow each other to its
+    last byte with the index (moov box) among them: one of the header's boxes found in its first
+    `within` bytes, else the index that ends the file (where the media data's box header was
+    damaged too); None where there is none."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(0)
+            named = [m.start() - 4 for m in ISO_BOXES.finditer(f.read(within)) if m.start() > 4]
+            for at in [*named, _index_start(path)]:
+                boxes = [] if at is None else list(_boxes_from(f, at))
+                if boxes and boxes[-1][1] + boxes[-1][2] == end and any(kind == "moov" for kind, _, _ in boxes):
+                    return at
+    except OSError:
+        return None
+    return None
+
+
+def iso_after_a_damaged_head(path: str) -> StandIn | None:
+    """An MP4/MOV whose first bytes, its file type box (ftyp) among them, were zeroed or overwritten (a
+    lost disk sector, a damaged copy), or that has bytes put before it, read from the boxes after
+    them; None for any other file. FFmpeg read such a file as no media at all, though its index and
+    its frames' data were there (a file that starts with its ftyp box: realigned_iso). Where boxes
+    run from some place to the file's end with the index (moov box) among them
+    (_boxes_to_the_end), the file is read with its bytes up to there as a box to pass over (a free
+    box's header put over their first bytes): the index says where each frame's data lies in the
+    file, which is where it still is; frames whose data was overwritten do not read as their codec's
+    data (_sample_check) and are left out. Where those boxes start with a file type box
+    (ftyp), a whole file follows bytes put before it: it is read from there."""
+    if (start := _boxes_to_the_end(path)) is None:
+        return None
+    with open(path, "rb") as f:
+        f.seek(start + 4)
+        kind = f.read(4).decode()
+    if kind == "ftyp":
+        view = _Realigned(path, 0, start)
+        note = f"its first {start} bytes are no part of it (bytes put before its header): they were passed over"
+    elif start >= 16:
+        free = (start.to_bytes(4, "big") + b"free" if start < 1 << 32 else
+                (1).to_bytes(4, "big") + b"free" + start.to_bytes(8, "big"))  # a 64-bit size after the type
+        view = _Realigned(path, 0, 0, head=free)
+        note = (f"its first {start} bytes are no box of an MP4/MOV's (a damaged header): it was read from its "
+                f"{kind} box at byte {start} on")
+    else:
+        return None
+    check, samples = _indexed_samples(view)
+    lost = frozenset(at for at, _, whole in samples if not whole)
+    if check and len(lost) == len(samples):
+        view.close()
+        return None  # no frame's data where the index says: not that file's index
+    return StandIn(view, lost=lost, note=note)
 
 
 def _sample_check(stream) -> Callable[[bytes], bool] | None:
@@ -1005,24 +1097,33 @@ def realigned_iso(path: str) -> StandIn | None:
     return video
 
 
-def _realigned(view: _Realigned, needs_shift: bool, split_by: int | None = None) -> StandIn | None:
-    """realigned_iso's work on `view`, split at the media data's stated end: the split moved to
-    where the frames are found shifted, if they are (`needs_shift`: None where none is; with the
-    index first, or fragments, the file reads as it is up to the damage), and to `split_by` at the
-    latest (the next fragment's boxes, which are read shifted too)."""
+def _indexed_samples(view: _Realigned) -> tuple[Callable[[bytes], bool] | None, list[tuple[int, int, bool]]]:
+    """The test of the video's codec for its samples (_sample_check), and (where, bytes, whole as the
+    view has it) of every frame's data, in the order of where, as the index says; (None, []) where the
+    view opens as no video or its codec has no such test."""
     try:
         with av.open(_SharedReader(view), "r", metadata_errors="replace") as container:
             stream = video_stream(container)
             check = stream and _sample_check(stream)
             if not check:
-                return None
-            samples = []  # (where, bytes, whole as the view has it now) of every frame's data, by the index
+                return None, []
+            samples = []
             for p in container.demux(stream):
                 if p.size and p.pos >= 0:
                     samples.append((p.pos, p.size, check(bytes(p))))
                     progress()  # for the sandbox's timeout: a long file's data is read through once
-            samples.sort()
     except (av.FFmpegError, OSError, ValueError):
+        return None, []
+    return check, sorted(samples)
+
+
+def _realigned(view: _Realigned, needs_shift: bool, split_by: int | None = None) -> StandIn | None:
+    """realigned_iso's work on `view`, split at the media data's stated end: the split moved to
+    where the frames are found shifted, if they are (`needs_shift`: None where none is; with the
+    index first, or fragments, the file reads as it is up to the damage), and to `split_by` at the
+    latest (the next fragment's boxes, which are read shifted too)."""
+    check, samples = _indexed_samples(view)
+    if not check:
         return None
     # Where the frames stop being where the index says, and the first one found shifted from there on.
     shift = view.shift
