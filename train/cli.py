@@ -9,12 +9,13 @@ import hydra
 from omegaconf import DictConfig
 
 import conf.schema  # noqa: F401  (registers the structured configs)
-from train.main import run
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     conf.require(cfg, "train", ["run_dir", "data.shards"])
+    from train.main import run  # torch, the model and its libraries: seconds to import, after the usage check
+
     code = run(cfg)
     if code:
         sys.exit(code)
