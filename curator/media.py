@@ -978,20 +978,28 @@ class _Realigned(io.RawIOBase):
 ISO_BOXES = re.compile(b"ftyp|moov|mdat|free|skip|wide")  # the top-level boxes a header is made of
 
 
-def _boxes_to_the_end(path: str, within: int = 1 << 20) -> int | None:
+def _boxes_to_the_end(path: str, within: int = 1 << 20) -> tuple[int, str] | None:
     """The first place past the start of an ISO media file from which boxes follow each other to its
-    last byte with the index (moov box) among them: one of the header's boxes found in its first
-    `within` bytes, else the index that ends the file (where the media data's box header was
-    damaged too); None where there is none."""
+    last byte with the index (moov box) among them, and the first of those boxes' type: one of the
+    header's boxes found in its first `within` bytes, else the index that ends the file (where the
+    media data's box header was damaged too; the file's last bytes are read only then); None where
+    there is none."""
     try:
         with open(path, "rb") as f:
             end = f.seek(0, 2)
             f.seek(0)
             named = [m.start() - 4 for m in ISO_BOXES.finditer(f.read(within)) if m.start() > 4]
-            for at in [*named, _index_start(path)]:
-                boxes = [] if at is None else list(_boxes_from(f, at))
-                if boxes and boxes[-1][1] + boxes[-1][2] == end and any(kind == "moov" for kind, _, _ in boxes):
-                    return at
+
+            def to_the_end(at: int) -> str | None:  # the first box's type, where they run to the end
+                boxes = list(_boxes_from(f, at))
+                whole = boxes and boxes[-1][1] + boxes[-1][2] == end and any(k == "moov" for k, _, _ in boxes)
+                return boxes[0][0] if whole else None
+
+            for at in named:
+                if kind := to_the_end(at):
+                    return at, kind
+            if (at := _index_start(path)) is not None and (kind := to_the_end(at)):
+                return at, kind
     except OSError:
         return None
     return None
@@ -1008,11 +1016,9 @@ def iso_after_a_damaged_head(path: str) -> StandIn | None:
     file, which is where it still is; frames whose data was overwritten do not read as their codec's
     data (_sample_check) and are left out. Where those boxes start with a file type box
     (ftyp), a whole file follows bytes put before it: it is read from there."""
-    if (start := _boxes_to_the_end(path)) is None:
+    if (found := _boxes_to_the_end(path)) is None:
         return None
-    with open(path, "rb") as f:
-        f.seek(start + 4)
-        kind = f.read(4).decode()
+    start, kind = found
     if kind == "ftyp":
         view = _Realigned(path, 0, start)
         note = f"its first {start} bytes are no part of it (bytes put before its header): they were passed over"
