@@ -414,6 +414,8 @@ def packets(container, stream) -> Iterator[av.Packet]:
 MAX_HELD_B = 16
 DAMAGE_ONLY_LOGGED = {"wmv1", "wmv2", "msmpeg4v1", "msmpeg4v2", "msmpeg4"}
 # What Matroska's demuxer logs where the file ends inside an element: a file cut short (lost_data).
+# Where it ends inside an element's ID or size (at a block's end, or up to 2 bytes after it), the
+# place follows: "File ended prematurely at pos. 56902 (0xde46)".
 CUT_SHORT = "File ended prematurely"
 
 
@@ -552,7 +554,7 @@ def lost_data(demuxed: Iterator[av.Packet], logs: list, demuxer: str,
             return None
         errors = {text.strip() for level, name, text in logs[seen:] if level <= av.logging.ERROR and name == demuxer}
         if packet.size == 0:  # the end: the packet before lost data where the file was cut inside it
-            return packet, ends_cut or bool(errors - {CUT_SHORT})
+            return packet, ends_cut or any(not e.startswith(CUT_SHORT) for e in errors)
         return packet, bool(errors)
 
     ahead: collections.deque[tuple[av.Packet, bool]] = collections.deque()  # read, not yet yielded

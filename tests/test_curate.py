@@ -1020,23 +1020,31 @@ def test_a_matroska_file_cut_short_keeps_every_frame_it_holds_whole(bikes, tmp_p
     """A Matroska (WebM) file cut short, as an interrupted download or recording leaves it. Its
     demuxer reads a block whole or not at all, and logs "File ended prematurely" where the file
     ends. That error marked the last frame it gave out damaged, though it is whole, and with H.264's
-    B-frames the frames shown before it too (1 to 3 frames of each of 30 cuts of bikes.mp4). Now
-    every frame whose block lies before the cut comes out, unmarked and as in the whole file."""
+    B-frames the frames shown before it too (1 to 3 frames of each of 30 cuts of bikes.mp4). Where
+    the file ends at a block's end or inside the next one's ID or size, the error names the place
+    ("File ended prematurely at pos. 56902 (0xde46)"), and that too marked the frames (1 to 3 frames
+    at each such cut). Now every frame whose block lies before the cut comes out, unmarked and as in
+    the whole file."""
     ext = "mkv" if codec == "libx264" else "webm"
     path = tmp_path / f"whole.{ext}"
     _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25, codec=codec, gop=25)
     whole = _clean_decode_by_time(path)
     with av.open(str(path)) as c:
-        ends = {p.pts: p.pos + p.size for p in c.demux(video=0) if p.size}  # pts -> where its data ends
+        # pts -> where its block ends: a packet's pos is where its block's content starts, with a track
+        # number, a time and flags (4 bytes) before the frame's data.
+        ends = {p.pts: p.pos + 4 + p.size for p in c.demux(video=0) if p.size}
     data = path.read_bytes()
-    for at in (0.35, 0.6, 0.85):
-        cut = int(len(data) * at)
-        (tmp_path / f"cut.{ext}").write_bytes(data[:cut])
-        copy = _clean_decode_by_time(tmp_path / f"cut.{ext}")
-        marked = sorted(pts for pts, (_, damaged) in copy.items() if damaged)
-        unlike = _unlike(copy, whole)
-        assert not marked and not unlike and set(copy) == {pts for pts, end in ends.items() if end <= cut}, \
-            (at, len(copy), marked, unlike)
+    by_end = sorted(ends.values())
+    # The cuts: at a block's end, 2 bytes after it (inside the next block's ID and size), and in the
+    # middle of the next block's data; after blocks a third, two thirds and nine tenths of the way.
+    for k in (len(by_end) // 3, 2 * len(by_end) // 3, 9 * len(by_end) // 10):
+        for cut in (by_end[k], by_end[k] + 2, (by_end[k] + by_end[k + 1]) // 2):
+            (tmp_path / f"cut.{ext}").write_bytes(data[:cut])
+            copy = _clean_decode_by_time(tmp_path / f"cut.{ext}")
+            marked = sorted(pts for pts, (_, damaged) in copy.items() if damaged)
+            unlike = _unlike(copy, whole)
+            assert not marked and not unlike and set(copy) == {pts for pts, end in ends.items() if end <= cut}, \
+                (cut - by_end[k], len(copy), marked, unlike)
     record, _ = process_source(str(tmp_path / f"cut.{ext}"), "cut", _cfg(tmp_path, tmp_path / "out"))
     assert record["status"] == "ok" and "damaged" not in (record["warning"] or ""), record
 
