@@ -167,7 +167,9 @@ def write_video(path: str | os.PathLike, segments: list[Segment], *, fps: int = 
     with av.open(str(tmp), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": str(crf), "preset": "veryfast"}
+        # cpu-independent: the same bytes on every machine (x264 picks its algorithms by the CPU's
+        # instruction sets otherwise), so that a corpus and the results on it can be compared.
+        stream.options = {"crf": str(crf), "preset": "veryfast", "x264-params": "cpu-independent=1"}
         for frame in render(segments, width, height):
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)

@@ -12,7 +12,8 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
             threads=None, codec_options=None):
     """Write RGB frames as H.264 (or `codec`) with PyAV; `pts` with `time_base` gives a variable frame
     rate; `pixel_aspect` (a Fraction) stores the frames anamorphic; `gop`: a key frame every so many;
-    `x264_params`: x264's own options ("tff=1": interlaced, top field first), or x265's for libx265;
+    `x264_params`: x264's own options ("tff=1": interlaced, top field first; cpu-independent always),
+    or x265's for libx265;
     `threads`: the encoder's (1 for the same bytes in every run: x264 in threads gave a process's
     first encode other bytes than the next); `codec_options`: the encoder's own ({"preset": "12"})."""
     import av
@@ -31,6 +32,11 @@ def _encode(path: Path, frames, fps=24, pix_fmt="yuv420p", rotation=None, pts=No
         if threads:
             s.codec_context.thread_count = threads
         options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"} if gop else {}
+        if codec == "libx264":
+            # x264 picks its algorithms by the CPU's instruction sets: bikes.mp4 shaken came out in other
+            # bytes with AVX-512 than without, and lost a cut on CI's machine. Told cpu-independent, it
+            # writes the same bytes on every CPU (as with no assembly at all).
+            x264_params = ":".join(filter(None, ["cpu-independent=1", x264_params]))
         if x264_params:
             options["x265-params" if codec == "libx265" else "x264-params"] = x264_params
         options.update(codec_options or {})

@@ -203,7 +203,12 @@ def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, str | None, f
         growth, turn, _ = fit(gap, 4)
         return (abs(np.median(growth)) + abs(np.median(turn))) * np.hypot(cx, cy)
 
-    gap = _gap(t, fps, moved, min(hh, hw) / 6)  # the quarters move less than a sixth of a quarter
+    # The quarters move less than a sixth of a quarter, over at most half the clip: a quarter's view is
+    # small, and its peak can fall far off (9 pixels in one of two encodings of a slow turn, 0.05
+    # radians a second over 3 s, compared over its first and last frames alone: a zoom out, too slow
+    # to count, and the clip dropped as static). Pairs over half the clip are many, and a wrong peak is
+    # outvoted by their median.
+    gap = _gap(t, fps, moved, min(hh, hw) / 6, longest=(t - 1) // 2)
     growth, turn, move = fit(gap)
     g, r = float(np.median(growth)), float(np.median(turn))
     kind, way, it = ("zoom", "in" if g > 0 else "out", growth) if abs(g) > abs(r) else \
@@ -220,13 +225,15 @@ def camera_zoom(gray: np.ndarray, fps: float) -> tuple[str | None, str | None, f
     return kind, way, round(speed, 3)
 
 
-def _gap(t: int, fps: float, moved, most: float) -> int:
+def _gap(t: int, fps: float, moved, most: float, longest: int | None = None) -> int:
     """Frames between the frames compared over a clip of t frames at `fps`: 0.1 s first, which even
     a quick move leaves in view; then twice as far apart while the move, `moved(gap)` pixels grown in
-    proportion, stays under `most`, so that a slow move moves some pixels."""
-    gap = max(1, min(t - 1, round(fps / 10)))
-    while gap < t - 1:
-        further = min(t - 1, 2 * gap)
+    proportion, stays under `most`, so that a slow move moves some pixels; `longest` at most (the
+    clip's ends, t - 1, where not given)."""
+    longest = t - 1 if longest is None else max(1, min(t - 1, longest))
+    gap = max(1, min(longest, round(fps / 10)))
+    while gap < longest:
+        further = min(longest, 2 * gap)
         if moved(gap) * further / gap > most:
             break
         gap = further
