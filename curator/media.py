@@ -288,7 +288,7 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
         return realigned_iso(path)
-    return None if _opens(path) else iso_after_a_damaged_head(path)
+    return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
 def _opens(path: str) -> bool:
@@ -304,7 +304,8 @@ def _opens(path: str) -> bool:
 
 
 def stand_in(path: str) -> StandIn | None:
-    """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso), or None for one
+    """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
+    iso_after_a_damaged_head, matroska_after_bytes_before), or None for one
     that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
@@ -1038,6 +1039,41 @@ def iso_after_a_damaged_head(path: str) -> StandIn | None:
         view.close()
         return None  # no frame's data where the index says: not that file's index
     return StandIn(view, lost=lost, note=note)
+
+
+EBML = b"\x1a\x45\xdf\xa3"  # the ID of the header a Matroska (WebM) file starts with
+SEGMENT = b"\x18\x53\x80\x67"  # the ID of the segment that follows it, which holds everything else
+
+
+def _ebml_size(data: bytes, at: int) -> tuple[int, int] | None:
+    """(the value, the bytes it takes) of the EBML variable-length size at `data[at:]`; None where
+    there is none (a zero first byte, or past the end)."""
+    if at >= len(data) or not data[at]:
+        return None
+    n = 9 - data[at].bit_length()  # its length: one more than the leading zero bits of the first byte
+    if at + n > len(data):
+        return None
+    return int.from_bytes(data[at:at + n], "big") & ((1 << (7 * n)) - 1), n
+
+
+def matroska_after_bytes_before(path: str, within: int = 1 << 20) -> StandIn | None:
+    """A Matroska (WebM) file with bytes put before it (a damaged copy, a download saved with what came
+    before the file), read from its header on; None for any other file. FFmpeg looks for a Matroska
+    header at a file's first byte only, and took such a file for no media at all. The header is looked
+    for in the file's first `within` bytes: its ID, a size that ends it inside them, a DocType of
+    "matroska" or "webm" inside it, and a segment's ID right after it."""
+    head = _head(path, within)
+    at = head.find(EBML, 1)
+    while at > 0:
+        size = _ebml_size(head, at + 4)
+        if size is not None:
+            end = at + 4 + size[1] + size[0]  # where the header ends and the segment should start
+            body = head[at + 4 + size[1]:end]
+            if head[end:end + 4] == SEGMENT and (b"\x42\x82\x88matroska" in body or b"\x42\x82\x84webm" in body):
+                note = f"its first {at} bytes are no part of it (bytes put before its header): they were passed over"
+                return StandIn(_Realigned(path, 0, at), note=note)
+        at = head.find(EBML, at + 1)
+    return None
 
 
 def _sample_check(stream) -> Callable[[bytes], bool] | None:

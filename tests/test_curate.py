@@ -1699,6 +1699,36 @@ def test_an_mp4_whose_first_bytes_are_damaged_is_read_from_the_boxes_after_them(
         assert not any(damaged for _, damaged in copied.values())
 
 
+@pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])
+def test_a_matroska_file_with_bytes_before_it_is_read_from_its_header(bikes, tmp_path, codec):
+    """An MKV (H.264) and a WebM (VP9) with 1000 random bytes put before them (a damaged copy, a
+    download saved with what came before the file). FFmpeg looks for a Matroska header at a file's
+    first byte only: an error record, "Invalid data found". Each is read from its header on, as the
+    whole file. Random bytes with a Matroska header's ID among them, and no header, still get the
+    error record."""
+    ext = "mkv" if codec == "libx264" else "webm"
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
+    _encode(tmp_path / f"whole.{ext}", frames, fps=25, codec=codec)
+    data = (tmp_path / f"whole.{ext}").read_bytes()
+    before = random.Random(3).randbytes(1000)
+    (tmp_path / f"copy.{ext}").write_bytes(before + data)
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    plain, plain_clips = process_source(str(tmp_path / f"whole.{ext}"), "whole", cfg)
+    record, clips = process_source(str(tmp_path / f"copy.{ext}"), "copy", cfg)
+    assert record["status"] == "ok", record["error"]
+    assert record["warning"] == \
+        "its first 1000 bytes are no part of it (bytes put before its header): they were passed over"
+    assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
+    whole, copied = _clean_decode_by_time(tmp_path / f"whole.{ext}"), _clean_decode_by_time(tmp_path / f"copy.{ext}")
+    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
+    assert not any(damaged for _, damaged in copied.values())
+    (tmp_path / f"noise.{ext}").write_bytes(before + b"\x1a\x45\xdf\xa3\x84webm" + before)
+    record, _ = process_source(str(tmp_path / f"noise.{ext}"), "noise", cfg)
+    assert record["status"] == "error" and "Invalid data" in record["error"], record
+
+
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])
 def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes, tmp_path, ext):
     """A one-frame JPEG stream ahead of the video, not marked as a cover (in the MP4 it is even the
