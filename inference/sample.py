@@ -5,14 +5,11 @@ steps= guidance_scale= seed=]`; across ranks: `torchrun --nproc-per-node N -m in
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
-import conf.schema  # noqa: F401  (registers the structured configs)
 from inference.parallel import finish, init_parallel, sampling_dims, world
 from inference.pipeline import Request, VideoPipeline, write_gif, write_mp4
 
@@ -55,17 +52,11 @@ def sample(cfg: DictConfig) -> int:
     return 0
 
 
-@hydra.main(config_path="pkg://conf", config_name="sample", version_base="1.3")
-def _app(cfg: DictConfig) -> None:
-    conf.require(cfg, "sample", ["checkpoint", "prompt", "output"])
-    code = sample(cfg)
-    if code:
-        sys.exit(code)
-
-
 def main() -> None:
-    warnings.filterwarnings("ignore", message="Slicing a flattened dim")
-    _app()
+    """`python -m inference.sample` and torchrun's entry: vfm-sample's (inference.cli)."""
+    from inference.cli import sample_main
+
+    sample_main()
 
 
 if __name__ == "__main__":

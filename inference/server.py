@@ -379,24 +379,10 @@ def serve(cfg) -> int:
 
 
 def main() -> None:
-    import sys
-    import warnings
+    """`python -m inference.server` and torchrun's entry: vfm-serve's (inference.cli)."""
+    from inference.cli import serve_main
 
-    import hydra
-    from omegaconf import DictConfig
-
-    import conf.schema  # noqa: F401  (registers the structured configs)
-
-    warnings.filterwarnings("ignore", message="Slicing a flattened dim")
-
-    @hydra.main(config_path="pkg://conf", config_name="serve", version_base="1.3")
-    def app(cfg: DictConfig) -> None:
-        conf.require(cfg, "serve", ["checkpoint"])
-        code = serve(cfg)
-        if code:
-            sys.exit(code)
-
-    app()
+    serve_main()
 
 
 if __name__ == "__main__":

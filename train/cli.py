@@ -1,4 +1,6 @@
-"""`vfm-train run_dir=<dir> data.shards=<curated dir> [key=value ...]`: see train/main.py."""
+"""`vfm-train run_dir=<dir> data.shards=<curated dir> [key=value ...]` (see train/main.py) and `vfm-encode
+input=<curated dir> output=<dir>` (see train/encode.py): each checks its arguments before it imports
+torch, the model and its libraries (seconds), so that a command missing one says so at once."""
 
 from __future__ import annotations
 
@@ -19,6 +21,22 @@ def _app(cfg: DictConfig) -> None:
     code = run(cfg)
     if code:
         sys.exit(code)
+
+
+@hydra.main(config_path="pkg://conf", config_name="encode", version_base="1.3")
+def _encode(cfg: DictConfig) -> None:
+    conf.require(cfg, "encode", ["input", "output"])
+    from curator.pipeline import ClusterError
+    from train.encode import encode
+
+    try:
+        encode(cfg)
+    except (FileNotFoundError, ValueError, ClusterError) as e:
+        sys.exit(f"vfm-encode: {e}")
+
+
+def encode_main() -> None:
+    _encode()
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -215,27 +214,11 @@ def encode(cfg: DictConfig, log=print) -> dict:
     return summary
 
 
-def _app_main() -> None:
-    import hydra
-
-    import conf.schema  # noqa: F401  (registers the structured configs)
-
-    @hydra.main(config_path="pkg://conf", config_name="encode", version_base="1.3")
-    def app(cfg: DictConfig) -> None:
-        from curator.pipeline import ClusterError
-
-        conf.require(cfg, "encode", ["input", "output"])
-
-        try:
-            encode(cfg)
-        except (FileNotFoundError, ValueError, ClusterError) as e:
-            sys.exit(f"vfm-encode: {e}")
-
-    app()
-
-
 def main() -> None:
-    _app_main()
+    """`python -m train.encode`'s entry: vfm-encode's (train.cli)."""
+    from train.cli import encode_main
+
+    encode_main()
 
 
 if __name__ == "__main__":
