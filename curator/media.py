@@ -981,6 +981,11 @@ class _Realigned(io.RawIOBase):
 ISO_BOXES = re.compile(b"ftyp|moov|mdat|free|skip|wide")  # the top-level boxes a header is made of
 
 
+def _passed_over(n: int) -> str:
+    """A stand-in's note for a file read from its byte `n` on: a whole file after bytes put before it."""
+    return f"its first {n} bytes are no part of it (bytes put before its header): they were passed over"
+
+
 def _boxes_to_the_end(path: str, within: int = 1 << 20) -> tuple[int, str] | None:
     """The first place past the start of an ISO media file from which boxes follow each other to its
     last byte with the index (moov box) among them, and the first of those boxes' type: one of the
@@ -1023,8 +1028,7 @@ def iso_after_a_damaged_head(path: str) -> StandIn | None:
         return None
     start, kind = found
     if kind == "ftyp":
-        view = _Realigned(path, 0, start)
-        note = f"its first {start} bytes are no part of it (bytes put before its header): they were passed over"
+        view, note = _Realigned(path, 0, start), _passed_over(start)
     elif start >= 16:
         free = (start.to_bytes(4, "big") + b"free" if start < 1 << 32 else
                 (1).to_bytes(4, "big") + b"free" + start.to_bytes(8, "big"))  # a 64-bit size after the type
@@ -1070,8 +1074,7 @@ def matroska_after_bytes_before(path: str, within: int = 1 << 20) -> StandIn | N
             end = at + 4 + size[1] + size[0]  # where the header ends and the segment should start
             body = head[at + 4 + size[1]:end]
             if head[end:end + 4] == SEGMENT and (b"\x42\x82\x88matroska" in body or b"\x42\x82\x84webm" in body):
-                note = f"its first {at} bytes are no part of it (bytes put before its header): they were passed over"
-                return StandIn(_Realigned(path, 0, at), note=note)
+                return StandIn(_Realigned(path, 0, at), note=_passed_over(at))
         at = head.find(EBML, at + 1)
     return None
 
