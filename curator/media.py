@@ -287,7 +287,7 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
-        return realigned_iso(path)
+        return realigned_iso(path) or first_of_joined_isos(path)
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -305,7 +305,7 @@ def _opens(path: str) -> bool:
 
 def stand_in(path: str) -> StandIn | None:
     """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
-    iso_after_a_damaged_head, matroska_after_bytes_before), or None for one
+    first_of_joined_isos, iso_after_a_damaged_head, matroska_after_bytes_before), or None for one
     that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
@@ -906,6 +906,22 @@ def _misfit_media_data(path: str) -> tuple[int, int, bool, bool] | None:
     return start, size, "moov" in kinds[:k], "moof" in kinds[:k]
 
 
+def first_of_joined_isos(path: str) -> StandIn | None:
+    """An MP4/MOV with a second one after it (files joined end to end, as `cat` joins them), read
+    as the first alone, with a note that says where the second starts; None for any other file.
+    FFmpeg, as players do, took the first file's index alone (it logs "Found duplicated MOOV Atom"
+    at most), so the second's frames were passed over without a word; of fragmented files it read
+    the second's fragments as more of the first's, into packets its decoder refused, and lost the
+    first's last frames with them. The second starts at the second file type box (ftyp) among the
+    top-level boxes."""
+    second = next((at for kind, at, _ in _top_level(path)[1:] if kind == "ftyp"), None)
+    if second is None:
+        return None
+    note = (f"a second MP4/MOV starts at byte {second}, after this one's end (files joined end to end): as players "
+            "do, only the first was read; cut the file there to curate the second")
+    return StandIn(_Realigned(path, 0, 0, size=second), note=note)
+
+
 def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | None:
     """The place nearest `at`, within `within` bytes of it, where a fragment's box (moof) starts from
     which boxes follow each other to the end of the file; None where there is none."""
@@ -928,12 +944,13 @@ class _Realigned(io.RawIOBase):
     """A file read as it was before bytes were lost from or added to it at one place (a damaged
     copy): byte `x` of the view is the file's byte `x` before `split`, and its byte `x + shift`
     from there on (zeros where that is outside the file); its first bytes are `head`, where given
-    (a box header put over a damaged one)."""
+    (a box header put over a damaged one); it ends at byte `size`, where given (the file's first
+    bytes alone)."""
 
-    def __init__(self, path: str, split: int, shift: int, head: bytes = b""):
+    def __init__(self, path: str, split: int, shift: int, head: bytes = b"", size: int | None = None):
         self.raw = open(path, "rb")  # noqa: SIM115 (open while the stand-in is kept; closed with it)
         self.split, self.shift, self.head = split, shift, head
-        self.size = os.fstat(self.raw.fileno()).st_size - shift
+        self.size = os.fstat(self.raw.fileno()).st_size - shift if size is None else size
         self.pos = 0
 
     def readable(self) -> bool:
