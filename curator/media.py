@@ -287,7 +287,7 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
-        return realigned_iso(path) or first_of_joined_isos(path)
+        return realigned_iso(path) or first_of_joined_isos(path) or iso_with_mended_sizes(path)
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -305,7 +305,8 @@ def _opens(path: str) -> bool:
 
 def stand_in(path: str) -> StandIn | None:
     """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
-    first_of_joined_isos, iso_after_a_damaged_head, matroska_after_bytes_before), or None for one
+    first_of_joined_isos, iso_with_mended_sizes, iso_after_a_damaged_head, matroska_after_bytes_before),
+    or None for one
     that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
@@ -922,6 +923,127 @@ def first_of_joined_isos(path: str) -> StandIn | None:
     return StandIn(_Realigned(path, 0, 0, size=second), note=note)
 
 
+def _children(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """The boxes that follow each other in data[start:end], each as (type, where its content starts,
+    where it ends), up to bytes that are no box."""
+    at = start
+    while at + 8 <= end:
+        size, kind, head = int.from_bytes(data[at:at + 4], "big"), data[at + 4:at + 8], 8
+        if size == 1:
+            size, head = int.from_bytes(data[at + 8:at + 16], "big"), 16
+        elif size == 0:
+            size = end - at
+        if size < head or at + size > end:
+            return
+        yield kind, at + head, at + size
+        at += size
+
+
+def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | None:
+    return next(((s, e) for k, s, e in _children(data, start, end) if k == kind), None)
+
+
+def _sample_tables(data: bytes) -> tuple[dict | None, list[int]]:
+    """Of an index (a moov box's bytes, `data`): the video track's sample table, as (where its
+    sizes (stsz entries) start in `data`, the sizes, and every frame's chunk offset, its place in
+    its chunk and its chunk's number), or None where it has none that says a size for each frame;
+    and the chunk offsets of every track, sorted."""
+    video, offsets = None, []
+    for kind, s, e in _children(data, 8, len(data)):
+        if kind != b"trak" or not (mdia := _child(data, s, e, b"mdia")):
+            continue
+        hdlr, minf = _child(data, *mdia, b"hdlr"), _child(data, *mdia, b"minf")
+        stbl = minf and _child(data, *minf, b"stbl")
+        if not stbl:
+            continue
+        tables = {k: (cs, ce) for k, cs, ce in _children(data, *stbl)}
+        if (co := tables.get(b"stco") or tables.get(b"co64")) is None:
+            continue
+        wide = b"co64" in tables and b"stco" not in tables
+        chunks = np.frombuffer(data, ">u8" if wide else ">u4", int.from_bytes(data[co[0] + 4:co[0] + 8], "big"),
+                               co[0] + 8).astype(np.int64)
+        offsets += chunks.tolist()
+        stsz, stsc = tables.get(b"stsz"), tables.get(b"stsc")
+        if video or not (hdlr and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide" and stsz and stsc):
+            continue
+        count = int.from_bytes(data[stsz[0] + 8:stsz[0] + 12], "big")
+        if int.from_bytes(data[stsz[0] + 4:stsz[0] + 8], "big") or stsz[0] + 12 + 4 * count > stsz[1]:
+            continue  # one size for every frame, or fewer sizes than frames
+        runs = np.frombuffer(data, ">u4", 3 * int.from_bytes(data[stsc[0] + 4:stsc[0] + 8], "big"),
+                             stsc[0] + 8).reshape(-1, 3).astype(np.int64)
+        # Frames a chunk, from the chunk each run of stsc starts at to the next run's first
+        firsts = np.append(runs[:, 0], len(chunks) + 1)
+        per_chunk = np.repeat(runs[:, 1], np.diff(firsts).clip(0))
+        if len(per_chunk) != len(chunks) or per_chunk.sum() != count:
+            continue
+        sizes = np.frombuffer(data, ">u4", count, stsz[0] + 12).astype(np.int64)
+        chunk_of = np.repeat(np.arange(len(chunks)), per_chunk)
+        first = np.concatenate([[0], np.cumsum(per_chunk)[:-1]])
+        video = {"sizes_at": stsz[0] + 12, "sizes": sizes, "chunk_of": chunk_of, "chunks": chunks,
+                 "first": first}
+    return video, sorted(offsets)
+
+
+def iso_with_mended_sizes(path: str) -> StandIn | None:
+    """An MP4/MOV whose index states a wrong size for a frame (a flipped bit in its stsz entry: a
+    damaged copy), read with that size mended; None for any other. The index gives a chunk's
+    frames one after the other from the chunk's start, by their sizes: FFmpeg read the frames of
+    the chunk after the wrong size from the wrong place, into packets its decoder refused, or,
+    where that ran past the end of the file, stopped there without a word (27 of a 250 frames'
+    file kept). A chunk's frames fill it up to the next chunk (of any track) or the end of its
+    media data: where by their sizes they end elsewhere, past it, or short of it with the chunk's
+    last frame not whole where the index puts it, the first frame that is not whole of its codec
+    (_sample_check) where the index puts it is the one, and its size is that difference off; it
+    is mended where the frame, and the next one, are whole at the mended size. Only codecs whose
+    frames show where they end are mended (H.264, HEVC)."""
+    boxes = _top_level(path)
+    index = next(((at, size) for kind, at, size in boxes if kind == "moov"), None)
+    ends = [at + size for kind, at, size in boxes if kind == "mdat"]
+    if index is None or not ends or index[1] > 256 << 20:
+        return None
+    with open(path, "rb") as f:
+        f.seek(index[0])
+        data = f.read(index[1])
+        end = f.seek(0, 2)
+    table, bounds = _sample_tables(data)
+    if table is None:
+        return None
+    sizes, chunk_of, chunks, first = table["sizes"], table["chunk_of"], table["chunks"], table["first"]
+    before = np.cumsum(sizes) - sizes  # each frame's data, by the index: after the sizes before it
+    starts = chunks[chunk_of] + before - before[first[chunk_of]]
+    bounds = np.array(sorted(set(bounds) | set(ends) | {end}), dtype=np.int64)
+    limit = bounds[np.searchsorted(bounds, chunks, side="right").clip(max=len(bounds) - 1)]
+    off = np.bincount(chunk_of, weights=sizes, minlength=len(chunks)).astype(np.int64) + chunks - limit
+    if not off.any():
+        return None
+    with av.open(path, "r", metadata_errors="replace") as container:
+        stream = video_stream(container)
+        check = stream and stream.codec_context.name in ("h264", "hevc") and _sample_check(stream)
+    if not check:
+        return None
+    counts = np.bincount(chunk_of, minlength=len(chunks))
+    mended = {}
+    with open(path, "rb") as f:
+        def whole(i: int, at: int | None = None, n: int | None = None) -> bool:
+            n = int(sizes[i]) if n is None else n
+            return 0 < n <= 64 << 20 and check(os.pread(f.fileno(), n, int(starts[i]) if at is None else at))
+
+        for c in np.flatnonzero(off).tolist():
+            frames = range(int(first[c]), int(first[c] + counts[c]))
+            if not frames or off[c] < 0 and whole(frames[-1]):
+                continue  # a chunk followed by bytes of no frame, not one whose frames moved back
+            i = next((i for i in frames if not whole(i)), None)
+            size = i is not None and int(sizes[i] - off[c])
+            if size and whole(i, n=size) and (i + 1 not in frames or whole(i + 1, at=int(starts[i]) + size)):
+                mended[i] = size
+    if not mended:
+        return None
+    patches = tuple((index[0] + table["sizes_at"] + 4 * i, size.to_bytes(4, "big")) for i, size in mended.items())
+    note = (f"its index states a wrong size for {len(mended)} frame(s) (a damaged index): "
+            f"{'each was' if len(mended) > 1 else 'it was'} read at the size its data shows")
+    return StandIn(_Realigned(path, 0, 0, patches=patches), note=note)
+
+
 def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | None:
     """The place nearest `at`, within `within` bytes of it, where a fragment's box (moof) starts from
     which boxes follow each other to the end of the file; None where there is none."""
@@ -943,13 +1065,14 @@ def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | 
 class _Realigned(io.RawIOBase):
     """A file read as it was before bytes were lost from or added to it at one place (a damaged
     copy): byte `x` of the view is the file's byte `x` before `split`, and its byte `x + shift`
-    from there on (zeros where that is outside the file); its first bytes are `head`, where given
-    (a box header put over a damaged one); it ends at byte `size`, where given (the file's first
-    bytes alone)."""
+    from there on (zeros where that is outside the file); `patches` are bytes put over its own, each
+    as (where in the view, bytes): a box header put over a damaged one, an index entry mended; it
+    ends at byte `size`, where given (the file's first bytes alone)."""
 
-    def __init__(self, path: str, split: int, shift: int, head: bytes = b"", size: int | None = None):
+    def __init__(self, path: str, split: int, shift: int, patches: tuple[tuple[int, bytes], ...] = (),
+                 size: int | None = None):
         self.raw = open(path, "rb")  # noqa: SIM115 (open while the stand-in is kept; closed with it)
-        self.split, self.shift, self.head = split, shift, head
+        self.split, self.shift, self.patches = split, shift, patches
         self.size = os.fstat(self.raw.fileno()).st_size - shift if size is None else size
         self.pos = 0
 
@@ -980,8 +1103,10 @@ class _Realigned(io.RawIOBase):
         """The view's `n` bytes from its byte `at`."""
         before = max(0, min(n, self.split - at))
         data = self.file_bytes(at, before) + self.file_bytes(at + before + self.shift, n - before)
-        if at < len(self.head):
-            data = self.head[at:at + n] + data[len(self.head) - at:]
+        for start, patch in self.patches:
+            lo, hi = max(at, start), min(at + n, start + len(patch))
+            if lo < hi:
+                data = data[:lo - at] + patch[lo - start:hi - start] + data[hi - at:]
         return data
 
     def readinto(self, buffer) -> int:
@@ -1049,7 +1174,7 @@ def iso_after_a_damaged_head(path: str) -> StandIn | None:
     elif start >= 16:
         free = (start.to_bytes(4, "big") + b"free" if start < 1 << 32 else
                 (1).to_bytes(4, "big") + b"free" + start.to_bytes(8, "big"))  # a 64-bit size after the type
-        view = _Realigned(path, 0, 0, head=free)
+        view = _Realigned(path, 0, 0, patches=((0, free),))
         note = (f"its first {start} bytes are no box of an MP4/MOV's (a damaged header): it was read from its "
                 f"{kind} box at byte {start} on")
     else:

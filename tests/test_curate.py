@@ -1756,6 +1756,36 @@ def test_two_mp4s_joined_end_to_end_are_read_as_the_first_and_the_record_says_wh
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
+@pytest.mark.parametrize("codec, frame, bit", [("libx264", 40, 13), ("libx264", 90, -1), ("libx265", 60, 20)],
+                         ids=["h264 larger", "h264 smaller", "hevc past the end"])
+def test_an_mp4_whose_index_states_a_wrong_size_for_a_frame_is_read_whole(bikes, tmp_path, codec, frame, bit):
+    """One bit flipped in the index's entry (stsz) for one frame's size (a damaged copy: 8192 bytes
+    more, or less by the entry's lowest set bit, or 1 MiB more): the frames of its chunk after it
+    were read from the wrong place, and FFmpeg's decoder refused them, or where one ran past the end
+    of the file FFmpeg stopped there (the record said the file may be cut short). Now the size is
+    mended from the frames' data: every frame is the whole file's, unmarked, and the record is the
+    whole file's but for its warning."""
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
+    _encode(tmp_path / "whole.mp4", frames, fps=25, codec=codec)
+    data = bytearray((tmp_path / "whole.mp4").read_bytes())
+    entry = data.index(b"stsz") + 16 + 4 * frame  # after its type, version and flags, one size for all, count
+    size = int.from_bytes(data[entry:entry + 4], "big")
+    data[entry:entry + 4] = (size ^ (size & -size if bit < 0 else 1 << bit)).to_bytes(4, "big")
+    (tmp_path / "copy.mp4").write_bytes(data)
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    plain, plain_clips = process_source(str(tmp_path / "whole.mp4"), "whole", cfg)
+    record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", cfg)
+    assert record["status"] == "ok", record["error"]
+    assert record["warning"] == \
+        "its index states a wrong size for 1 frame(s) (a damaged index): it was read at the size its data shows"
+    assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
+    whole, copied = _clean_decode_by_time(tmp_path / "whole.mp4"), _clean_decode_by_time(tmp_path / "copy.mp4")
+    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
+    assert not any(damaged for _, damaged in copied.values())
+
+
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])
 def test_a_thumbnail_stream_ahead_of_the_video_is_not_taken_for_the_video(bikes, tmp_path, ext):
     """A one-frame JPEG stream ahead of the video, not marked as a cover (in the MP4 it is even the
