@@ -287,7 +287,7 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
-        return realigned_iso(path) or first_of_joined_isos(path) or iso_with_mended_sizes(path)
+        return realigned_iso(path) or first_of_joined_isos(path) or iso_with_mended_index(path)
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -305,7 +305,7 @@ def _opens(path: str) -> bool:
 
 def stand_in(path: str) -> StandIn | None:
     """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
-    first_of_joined_isos, iso_with_mended_sizes, iso_after_a_damaged_head, matroska_after_bytes_before),
+    first_of_joined_isos, iso_with_mended_index, iso_after_a_damaged_head, matroska_after_bytes_before),
     or None for one
     that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
@@ -943,59 +943,62 @@ def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | 
     return next(((s, e) for k, s, e in _children(data, start, end) if k == kind), None)
 
 
-def _sample_tables(data: bytes) -> tuple[dict | None, list[int]]:
-    """Of an index (a moov box's bytes, `data`): the video track's sample table, as (where its
-    sizes (stsz entries) start in `data`, the sizes, and every frame's chunk offset, its place in
-    its chunk and its chunk's number), or None where it has none that says a size for each frame;
-    and the chunk offsets of every track, sorted."""
-    video, offsets = None, []
+def _track_tables(data: bytes) -> tuple[list[dict], list[int]]:
+    """Of an index (a moov box's bytes, `data`): each track's sample table where it says where each
+    of its samples lies, as a dict: `video` (whether its handler's is), `sizes` (each sample's, in
+    bytes), `chunks` (each chunk's offset in the file), `chunk_of` (each sample's chunk), `first`
+    (each chunk's first sample), `sizes_at` and `chunks_at` (where in `data` the stsz entries and
+    the chunk offsets start; sizes_at None where one size is stated for all) and `wide` (8-byte
+    chunk offsets: co64); and the chunk offsets of every track, sorted."""
+    tracks, offsets = [], []
     for kind, s, e in _children(data, 8, len(data)):
         if kind != b"trak" or not (mdia := _child(data, s, e, b"mdia")):
             continue
         hdlr, minf = _child(data, *mdia, b"hdlr"), _child(data, *mdia, b"minf")
         stbl = minf and _child(data, *minf, b"stbl")
-        if not stbl:
-            continue
-        tables = {k: (cs, ce) for k, cs, ce in _children(data, *stbl)}
+        tables = {k: (cs, ce) for k, cs, ce in _children(data, *stbl)} if stbl else {}
         if (co := tables.get(b"stco") or tables.get(b"co64")) is None:
             continue
-        wide = b"co64" in tables and b"stco" not in tables
-        chunks = np.frombuffer(data, ">u8" if wide else ">u4", int.from_bytes(data[co[0] + 4:co[0] + 8], "big"),
-                               co[0] + 8).astype(np.int64)
+        wide = b"stco" not in tables
+        n_chunks = int.from_bytes(data[co[0] + 4:co[0] + 8], "big")
+        if co[0] + 8 + (8 if wide else 4) * n_chunks > co[1]:
+            continue
+        chunks = np.frombuffer(data, ">u8" if wide else ">u4", n_chunks, co[0] + 8).astype(np.int64)
         offsets += chunks.tolist()
         stsz, stsc = tables.get(b"stsz"), tables.get(b"stsc")
-        if video or not (hdlr and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide" and stsz and stsc):
+        if not (stsz and stsc):
             continue
-        count = int.from_bytes(data[stsz[0] + 8:stsz[0] + 12], "big")
-        if int.from_bytes(data[stsz[0] + 4:stsz[0] + 8], "big") or stsz[0] + 12 + 4 * count > stsz[1]:
-            continue  # one size for every frame, or fewer sizes than frames
-        runs = np.frombuffer(data, ">u4", 3 * int.from_bytes(data[stsc[0] + 4:stsc[0] + 8], "big"),
-                             stsc[0] + 8).reshape(-1, 3).astype(np.int64)
-        # Frames a chunk, from the chunk each run of stsc starts at to the next run's first
-        firsts = np.append(runs[:, 0], len(chunks) + 1)
+        one_size, count = (int.from_bytes(data[stsz[0] + k:stsz[0] + k + 4], "big") for k in (4, 8))
+        n_runs = int.from_bytes(data[stsc[0] + 4:stsc[0] + 8], "big")
+        if stsc[0] + 8 + 12 * n_runs > stsc[1] or not one_size and stsz[0] + 12 + 4 * count > stsz[1]:
+            continue  # tables that do not hold what they state
+        runs = np.frombuffer(data, ">u4", 3 * n_runs, stsc[0] + 8).reshape(-1, 3).astype(np.int64)
+        firsts = np.append(runs[:, 0], n_chunks + 1)  # a run of stsc: from its first chunk to the next run's
         per_chunk = np.repeat(runs[:, 1], np.diff(firsts).clip(0))
-        if len(per_chunk) != len(chunks) or per_chunk.sum() != count:
+        if len(per_chunk) != n_chunks or per_chunk.sum() != count:
             continue
-        sizes = np.frombuffer(data, ">u4", count, stsz[0] + 12).astype(np.int64)
-        chunk_of = np.repeat(np.arange(len(chunks)), per_chunk)
-        first = np.concatenate([[0], np.cumsum(per_chunk)[:-1]])
-        video = {"sizes_at": stsz[0] + 12, "sizes": sizes, "chunk_of": chunk_of, "chunks": chunks,
-                 "first": first}
-    return video, sorted(offsets)
+        sizes = (np.full(count, one_size, np.int64) if one_size else
+                 np.frombuffer(data, ">u4", count, stsz[0] + 12).astype(np.int64))
+        tracks.append({"video": bool(hdlr) and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide", "sizes": sizes,
+                       "chunks": chunks, "chunk_of": np.repeat(np.arange(n_chunks), per_chunk),
+                       "first": np.concatenate([[0], np.cumsum(per_chunk)[:-1]]).astype(np.int64),
+                       "sizes_at": None if one_size else stsz[0] + 12, "chunks_at": co[0] + 8, "wide": wide})
+    return tracks, sorted(offsets)
 
 
-def iso_with_mended_sizes(path: str) -> StandIn | None:
-    """An MP4/MOV whose index states a wrong size for a frame (a flipped bit in its stsz entry: a
-    damaged copy), read with that size mended; None for any other. The index gives a chunk's
-    frames one after the other from the chunk's start, by their sizes: FFmpeg read the frames of
-    the chunk after the wrong size from the wrong place, into packets its decoder refused, or,
-    where that ran past the end of the file, stopped there without a word (27 of a 250 frames'
-    file kept). A chunk's frames fill it up to the next chunk (of any track) or the end of its
-    media data: where by their sizes they end elsewhere, past it, or short of it with the chunk's
-    last frame not whole where the index puts it, the first frame that is not whole of its codec
-    (_sample_check) where the index puts it is the one, and its size is that difference off; it
-    is mended where the frame, and the next one, are whole at the mended size. Only codecs whose
-    frames show where they end are mended (H.264, HEVC)."""
+def iso_with_mended_index(path: str) -> StandIn | None:
+    """An MP4/MOV whose index states a wrong size for a frame or a wrong place for a chunk of frames
+    (a flipped bit in a stsz or stco entry: a damaged copy), read with the index mended; None for
+    any other. The index puts a chunk's frames one after the other from the chunk's place, by their
+    sizes: FFmpeg read the frames of the chunk after a wrong size, or all of a chunk put in the
+    wrong place, from the wrong bytes into packets its decoder refused, or, where that ran past the
+    end of the file, stopped there (27 of a 250 frames' file kept). A chunk's frames fill it up to
+    the next chunk (of any track) or the end of its media data: where by the index they end
+    elsewhere (past it, or short of it with its last frame not whole where the index puts it), the
+    first frame not whole of its codec (_sample_check) where the index puts it has a size that
+    difference off, where it and the next are whole at that size; or, where even the chunk's first
+    frame is not, the chunk is where its first and last frames are whole at a place one bit off its
+    stated one. Only codecs whose frames show where they end are mended (H.264, HEVC)."""
     boxes = _top_level(path)
     index = next(((at, size) for kind, at, size in boxes if kind == "moov"), None)
     ends = [at + size for kind, at, size in boxes if kind == "mdat"]
@@ -1005,15 +1008,16 @@ def iso_with_mended_sizes(path: str) -> StandIn | None:
         f.seek(index[0])
         data = f.read(index[1])
         end = f.seek(0, 2)
-    table, bounds = _sample_tables(data)
-    if table is None:
+    tracks, offsets = _track_tables(data)
+    video = next((t for t in tracks if t["video"] and t["sizes_at"] is not None), None)
+    if video is None:
         return None
-    sizes, chunk_of, chunks, first = table["sizes"], table["chunk_of"], table["chunks"], table["first"]
-    before = np.cumsum(sizes) - sizes  # each frame's data, by the index: after the sizes before it
-    starts = chunks[chunk_of] + before - before[first[chunk_of]]
-    bounds = np.array(sorted(set(bounds) | set(ends) | {end}), dtype=np.int64)
-    limit = bounds[np.searchsorted(bounds, chunks, side="right").clip(max=len(bounds) - 1)]
-    off = np.bincount(chunk_of, weights=sizes, minlength=len(chunks)).astype(np.int64) + chunks - limit
+    sizes, chunk_of, chunks, first = video["sizes"], video["chunk_of"], video["chunks"], video["first"]
+    before = np.cumsum(sizes) - sizes
+    within = before - before[first[chunk_of]]  # each frame's place in its chunk, by the sizes before it
+    lengths = np.bincount(chunk_of, weights=sizes, minlength=len(chunks)).astype(np.int64)
+    bounds = np.array(sorted(set(offsets) | set(ends) | {end}), dtype=np.int64)
+    off = chunks + lengths - bounds[np.searchsorted(bounds, chunks, side="right").clip(max=len(bounds) - 1)]
     if not off.any():
         return None
     with av.open(path, "r", metadata_errors="replace") as container:
@@ -1022,25 +1026,38 @@ def iso_with_mended_sizes(path: str) -> StandIn | None:
     if not check:
         return None
     counts = np.bincount(chunk_of, minlength=len(chunks))
-    mended = {}
+    new_sizes, new_places = {}, {}
     with open(path, "rb") as f:
-        def whole(i: int, at: int | None = None, n: int | None = None) -> bool:
-            n = int(sizes[i]) if n is None else n
-            return 0 < n <= 64 << 20 and check(os.pread(f.fileno(), n, int(starts[i]) if at is None else at))
+        def whole(at: int, n: int) -> bool:
+            return 0 <= at and 0 < n <= 64 << 20 and at + n <= end and check(os.pread(f.fileno(), n, at))
 
         for c in np.flatnonzero(off).tolist():
             frames = range(int(first[c]), int(first[c] + counts[c]))
-            if not frames or off[c] < 0 and whole(frames[-1]):
+            place = [int(chunks[c] + within[i]) for i in frames]
+            if not frames or off[c] < 0 and whole(place[-1], int(sizes[frames[-1]])):
                 continue  # a chunk followed by bytes of no frame, not one whose frames moved back
-            i = next((i for i in frames if not whole(i)), None)
-            size = i is not None and int(sizes[i] - off[c])
-            if size and whole(i, n=size) and (i + 1 not in frames or whole(i + 1, at=int(starts[i]) + size)):
-                mended[i] = size
-    if not mended:
+            k = next((k for k, i in enumerate(frames) if not whole(place[k], int(sizes[i]))), None)
+            if k is None:
+                continue
+            i, size = frames[k], int(sizes[frames[k]] - off[c])
+            if whole(place[k], size) and (k + 1 == len(frames) or whole(place[k] + size, int(sizes[i + 1]))):
+                new_sizes[i] = size
+            elif k == 0:
+                for bit in range(int(chunks[c]).bit_length() + 1):
+                    start = int(chunks[c]) ^ (1 << bit)
+                    if whole(start, int(sizes[frames[0]])) and whole(start + place[-1] - place[0],
+                                                                      int(sizes[frames[-1]])):
+                        new_places[c] = start
+                        break
+    if not new_sizes and not new_places:
         return None
-    patches = tuple((index[0] + table["sizes_at"] + 4 * i, size.to_bytes(4, "big")) for i, size in mended.items())
-    note = (f"its index states a wrong size for {len(mended)} frame(s) (a damaged index): "
-            f"{'each was' if len(mended) > 1 else 'it was'} read at the size its data shows")
+    width = 8 if video["wide"] else 4
+    patches = tuple([(index[0] + video["sizes_at"] + 4 * i, size.to_bytes(4, "big")) for i, size in new_sizes.items()]
+                    + [(index[0] + video["chunks_at"] + width * c, at.to_bytes(width, "big"))
+                       for c, at in new_places.items()])
+    wrong = [f"a wrong size for {len(new_sizes)} frame(s)"] * bool(new_sizes) + \
+        [f"a wrong place for {len(new_places)} chunk(s) of frames"] * bool(new_places)
+    note = f"its index states {' and '.join(wrong)} (a damaged index): they were read where their data shows"
     return StandIn(_Realigned(path, 0, 0, patches=patches), note=note)
 
 

@@ -1756,28 +1756,33 @@ def test_two_mp4s_joined_end_to_end_are_read_as_the_first_and_the_record_says_wh
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
-@pytest.mark.parametrize("codec, frame, bit", [("libx264", 40, 13), ("libx264", 90, -1), ("libx265", 60, 20)],
-                         ids=["h264 larger", "h264 smaller", "hevc past the end"])
-def test_an_mp4_whose_index_states_a_wrong_size_for_a_frame_is_read_whole(bikes, tmp_path, codec, frame, bit):
-    """One bit flipped in the index's entry (stsz) for one frame's size (a damaged copy: 8192 bytes
-    more, or less by the entry's lowest set bit, or 1 MiB more): the frames of its chunk after it
-    were read from the wrong place, and FFmpeg's decoder refused them, or where one ran past the end
-    of the file FFmpeg stopped there (the record said the file may be cut short). Now the size is
-    mended from the frames' data: every frame is the whole file's, unmarked, and the record is the
-    whole file's but for its warning."""
+@pytest.mark.parametrize("codec, table, entry, bit", [
+    ("libx264", "stsz", 40, 13), ("libx264", "stsz", 90, -1), ("libx265", "stsz", 60, 20),
+    ("libx264", "stco", 0, 7), ("libx265", "stco", 0, 22)],
+    ids=["h264 size larger", "h264 size smaller", "hevc size past the end", "h264 chunk moved",
+         "hevc chunk past the end"])
+def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tmp_path, codec, table, entry, bit):
+    """One bit flipped in the index (a damaged copy): in a frame's size (stsz: 8192 bytes more, or
+    less by its lowest set bit, or 1 MiB more), or in the place of the chunk that holds the frames
+    (stco: 128 bytes on, or 4 MiB: past the end of the file). The frames after the wrong size in
+    its chunk, or all of a chunk put in the wrong place, were read from the wrong bytes, and FFmpeg's
+    decoder refused them, or where one ran past the end of the file FFmpeg stopped there (the
+    record said the file may be cut short). Now the index is mended from the frames' data: every
+    frame is the whole file's, unmarked, and the record is the whole file's but for its warning."""
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
     _encode(tmp_path / "whole.mp4", frames, fps=25, codec=codec)
     data = bytearray((tmp_path / "whole.mp4").read_bytes())
-    entry = data.index(b"stsz") + 16 + 4 * frame  # after its type, version and flags, one size for all, count
-    size = int.from_bytes(data[entry:entry + 4], "big")
-    data[entry:entry + 4] = (size ^ (size & -size if bit < 0 else 1 << bit)).to_bytes(4, "big")
+    # An entry comes after the table's type, version and flags, count (and stsz's one size for all)
+    at = data.index(table.encode()) + {"stsz": 16, "stco": 12}[table] + 4 * entry
+    value = int.from_bytes(data[at:at + 4], "big")
+    data[at:at + 4] = (value ^ (value & -value if bit < 0 else 1 << bit)).to_bytes(4, "big")
     (tmp_path / "copy.mp4").write_bytes(data)
     cfg = _cfg(tmp_path, tmp_path / "out")
     plain, plain_clips = process_source(str(tmp_path / "whole.mp4"), "whole", cfg)
     record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", cfg)
     assert record["status"] == "ok", record["error"]
-    assert record["warning"] == \
-        "its index states a wrong size for 1 frame(s) (a damaged index): it was read at the size its data shows"
+    wrong = {"stsz": "a wrong size for 1 frame(s)", "stco": "a wrong place for 1 chunk(s) of frames"}[table]
+    assert record["warning"] == f"its index states {wrong} (a damaged index): they were read where their data shows"
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
