@@ -390,7 +390,12 @@ def packets(container, stream) -> Iterator[av.Packet]:
     (MPEG-TS files whose tables announce another programme further on: joined recordings, damaged
     ones). PyAV's demux then fails with an IndexError after the last packet, its flush of `stream`
     included, has come out: its list of streams has only those known at open. That is the end of
-    the stream, not an error."""
+    the stream, not an error. The other streams are not read where the format lets the demuxer pass
+    over them (an MP4's): a wrong size or place in an MP4's audio index stopped its video where
+    the demuxer, reading the audio too, ran past the end of the file (138 of 250 frames kept)."""
+    for other in container.streams:
+        if other.index != stream.index:
+            other.discard = av.stream.Discard.all
     demuxed = container.demux(stream)
     flushed = False  # the last packet was the empty one that drains the decoder
     while True:
@@ -1043,7 +1048,7 @@ def iso_with_mended_index(path: str) -> StandIn | None:
             if whole(place[k], size) and (k + 1 == len(frames) or whole(place[k] + size, int(sizes[i + 1]))):
                 new_sizes[i] = size
             elif k == 0:
-                for bit in range(int(chunks[c]).bit_length() + 1):
+                for bit in range(max(end, int(chunks[c])).bit_length()):
                     start = int(chunks[c]) ^ (1 << bit)
                     if whole(start, int(sizes[frames[0]])) and whole(start + place[-1] - place[0],
                                                                       int(sizes[frames[-1]])):

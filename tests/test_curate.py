@@ -1756,26 +1756,39 @@ def test_two_mp4s_joined_end_to_end_are_read_as_the_first_and_the_record_says_wh
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
 
-@pytest.mark.parametrize("codec, table, entry, bit", [
-    ("libx264", "stsz", 40, 13), ("libx264", "stsz", 90, -1), ("libx265", "stsz", 60, 20),
-    ("libx264", "stco", 0, 7), ("libx265", "stco", 0, 22)],
+@pytest.mark.parametrize("codec, sound, table, entry, bit", [
+    ("libx264", False, "stsz", 40, 13), ("libx264", False, "stsz", 90, -1), ("libx265", False, "stsz", 60, 20),
+    ("libx264", False, "stco", 0, 7), ("libx265", False, "stco", 0, 22), ("libx264", True, "stco", None, -2)],
     ids=["h264 size larger", "h264 size smaller", "hevc size past the end", "h264 chunk moved",
-         "hevc chunk past the end"])
-def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tmp_path, codec, table, entry, bit):
+         "hevc chunk past the end", "h264 with sound chunk moved back"])
+def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tmp_path, codec, sound, table,
+                                                                          entry, bit):
     """One bit flipped in the index (a damaged copy): in a frame's size (stsz: 8192 bytes more, or
-    less by its lowest set bit, or 1 MiB more), or in the place of the chunk that holds the frames
-    (stco: 128 bytes on, or 4 MiB: past the end of the file). The frames after the wrong size in
-    its chunk, or all of a chunk put in the wrong place, were read from the wrong bytes, and FFmpeg's
+    less by its lowest set bit, or 1 MiB more), or in the place of a chunk of frames (stco: 128
+    bytes on, 4 MiB on: past the end of the file, or back by its highest set bit, in a file with
+    sound, whose chunks of frames and of sound take turns). The frames after the wrong size in its
+    chunk, or all of a chunk put in the wrong place, were read from the wrong bytes, and FFmpeg's
     decoder refused them, or where one ran past the end of the file FFmpeg stopped there (the
     record said the file may be cut short). Now the index is mended from the frames' data: every
     frame is the whole file's, unmarked, and the record is the whole file's but for its warning."""
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
-    _encode(tmp_path / "whole.mp4", frames, fps=25, codec=codec)
+    _encode(tmp_path / "video.mp4", frames, fps=25, codec=codec)
+    if sound:
+        _with_sound(tmp_path / "video.mp4", tmp_path / "whole.mp4")
+    else:
+        (tmp_path / "video.mp4").rename(tmp_path / "whole.mp4")
     data = bytearray((tmp_path / "whole.mp4").read_bytes())
     # An entry comes after the table's type, version and flags, count (and stsz's one size for all)
-    at = data.index(table.encode()) + {"stsz": 16, "stco": 12}[table] + 4 * entry
-    value = int.from_bytes(data[at:at + 4], "big")
-    data[at:at + 4] = (value ^ (value & -value if bit < 0 else 1 << bit)).to_bytes(4, "big")
+    first = data.index(table.encode()) + {"stsz": 16, "stco": 12}[table]
+
+    def value_of(i: int) -> int:
+        return int.from_bytes(data[first + 4 * i:first + 4 * i + 4], "big")
+
+    if entry is None:  # from the 10th chunk on, one whose place, its highest bit cleared, is 2 bits shorter or more
+        entry = next(i for i in range(10, 60) if not value_of(i) >> value_of(i).bit_length() - 2 & 1)
+    at, value = first + 4 * entry, value_of(entry)
+    flip = 1 << bit if bit >= 0 else {-1: value & -value, -2: 1 << (value.bit_length() - 1)}[bit]  # lowest, highest
+    data[at:at + 4] = (value ^ flip).to_bytes(4, "big")
     (tmp_path / "copy.mp4").write_bytes(data)
     cfg = _cfg(tmp_path, tmp_path / "out")
     plain, plain_clips = process_source(str(tmp_path / "whole.mp4"), "whole", cfg)
@@ -1783,6 +1796,51 @@ def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tm
     assert record["status"] == "ok", record["error"]
     wrong = {"stsz": "a wrong size for 1 frame(s)", "stco": "a wrong place for 1 chunk(s) of frames"}[table]
     assert record["warning"] == f"its index states {wrong} (a damaged index): they were read where their data shows"
+    assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
+    whole, copied = _clean_decode_by_time(tmp_path / "whole.mp4"), _clean_decode_by_time(tmp_path / "copy.mp4")
+    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
+    assert not any(damaged for _, damaged in copied.values())
+
+
+def _with_sound(video: Path, path: Path) -> None:
+    """`video`'s packets copied into the MP4 `path` with a tone beside them (AAC), the two in time
+    order, as a camera interleaves them: chunks of each in turn."""
+    with av.open(str(video)) as src, av.open(str(path), "w") as out:
+        stream = src.streams.video[0]
+        copied, sound = out.add_stream_from_template(stream), out.add_stream("aac", rate=16000)
+        packets = [p for p in src.demux(stream) if p.dts is not None]
+        end = float(max(p.pts for p in packets) * stream.time_base) + 0.1
+        tone = np.sin(np.arange(int(end * 16000)) * 2 * np.pi * 440 / 16000).astype(np.float32)
+        for i in range(0, len(tone) - 1024, 1024):
+            frame = av.AudioFrame.from_ndarray(tone[None, i:i + 1024], format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i
+            packets += sound.encode(frame)
+        packets += sound.encode()
+        for p in sorted(packets, key=lambda p: float(p.dts * p.time_base)):
+            if p.stream_index == stream.index and p.stream is not sound:
+                p.stream = copied
+            out.mux(p)
+
+
+def test_an_mp4_whose_sound_index_is_damaged_has_all_its_frames_read(bikes, tmp_path):
+    """An MP4 with sound whose index puts a chunk of its sound 4 MiB past the end of the file (one
+    bit flipped in the sound's stco entry): FFmpeg read the sound's packets too, though only the
+    video is decoded, and stopped where that one ran past the end (the frames after it lost, the
+    record saying the file may be cut short). The sound is not read now: every frame is the whole
+    file's, unmarked, and so is the record."""
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
+    _encode(tmp_path / "video.mp4", frames, fps=25)
+    _with_sound(tmp_path / "video.mp4", tmp_path / "whole.mp4")
+    data = bytearray((tmp_path / "whole.mp4").read_bytes())
+    at = data.index(b"stco", data.index(b"stco") + 4) + 12 + 4 * 20  # the sound's (second track's) 21st chunk
+    data[at + 1] ^= 0x40  # 4 MiB on
+    (tmp_path / "copy.mp4").write_bytes(data)
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    plain, plain_clips = process_source(str(tmp_path / "whole.mp4"), "whole", cfg)
+    record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", cfg)
+    assert record["status"] == plain["status"] == "ok" and record["warning"] is plain["warning"] is None
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
