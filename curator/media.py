@@ -987,23 +987,91 @@ def _track_tables(data: bytes) -> tuple[list[dict], list[int]]:
         tracks.append({"video": bool(hdlr) and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide", "sizes": sizes,
                        "chunks": chunks, "chunk_of": np.repeat(np.arange(n_chunks), per_chunk),
                        "first": np.concatenate([[0], np.cumsum(per_chunk)[:-1]]).astype(np.int64),
-                       "sizes_at": None if one_size else stsz[0] + 12, "chunks_at": co[0] + 8, "wide": wide})
+                       "sizes_at": None if one_size else stsz[0] + 12, "chunks_at": co[0] + 8, "wide": wide,
+                       "stts": tables.get(b"stts"), "ctts": tables.get(b"ctts")})
     return tracks, sorted(offsets)
 
 
+def _mended_times(data: bytes, track: dict) -> dict[int, bytes]:
+    """Of a track whose composition offsets (ctts) are one bit off in one entry, in its count or
+    its offset (a damaged copy), that entry mended, as {where in `data`: its bytes}; {} for any
+    other. In time order a stream's frames come at its decoding times (stts) moved on by one delay
+    (of its B-frames' reordering). A count one bit off gave the frames after it the offsets of
+    others; an offset one bit off put its frames far from their place. Either way the frames' times
+    were out of order, and FFmpeg's decoder dropped 1 to 3 frames. Where the offsets do put the
+    frames so, or no one-bit change of one entry does, nothing is mended."""
+    stts, ctts, n = track["stts"], track["ctts"], len(track["sizes"])
+    if stts is None or ctts is None or n < 2:
+        return {}
+    runs, entries = (int.from_bytes(data[t[0] + 4:t[0] + 8], "big") for t in (stts, ctts))
+    if stts[0] + 8 + 8 * runs > stts[1] or ctts[0] + 8 + 8 * entries > ctts[1]:
+        return {}
+    steps = np.frombuffer(data, ">u4", 2 * runs, stts[0] + 8).reshape(-1, 2).astype(np.int64)
+    deltas = np.repeat(steps[:, 1], steps[:, 0].clip(max=n))[:n - 1]
+    if len(deltas) < n - 1:
+        return {}
+    dts = np.concatenate([[0], np.cumsum(deltas)])
+    table = np.frombuffer(data, ">i4", 2 * entries, ctts[0] + 8).reshape(-1, 2).astype(np.int64)
+    counts, offsets = table[:, 0] & 0xFFFFFFFF, table[:, 1]
+
+    def in_order(counts: np.ndarray, offsets: np.ndarray) -> bool:
+        if counts.sum() != n:
+            return False
+        shown = np.sort(dts + np.repeat(offsets, counts)) - dts
+        return bool((shown == shown[0]).all())
+
+    if in_order(counts, offsets):
+        return {}
+    entry = ctts[0] + 8  # where the first entry starts in `data`: its count, then its offset
+    more = int(counts.sum()) - n
+    if more and not abs(more) & (abs(more) - 1):
+        bit = abs(more).bit_length() - 1  # a count one bit off: the frames' count is that power of two off
+        found = []  # the entries whose count, so mended, puts the frames in order: one alone is mended
+        for j in np.flatnonzero((counts >> bit & 1) == (more > 0))[:64].tolist():
+            mended = counts.copy()
+            mended[j] ^= 1 << bit
+            if in_order(mended, offsets):
+                found.append((j, int(mended[j])))
+        return {entry + 8 * j: count.to_bytes(4, "big") for j, count in found} if len(found) == 1 else {}
+    if more:
+        return {}
+    # An offset one bit off: a frame not at a decoding time moved on by the delay, or at one that
+    # another frame is at, where the delay is the one that puts the most frames at such times.
+    pts = dts + np.repeat(offsets, counts)
+    gaps, times = np.unique(np.sort(pts) - dts, return_counts=True)
+    delay = max(gaps[np.argsort(times)[-16:]].tolist(), key=lambda d: np.isin(pts, dts + d).sum())
+    due = dts + delay
+    shared = np.unique(pts, return_counts=True)
+    stray = np.flatnonzero(~np.isin(pts, due) | np.isin(pts, shared[0][shared[1] > 1]))
+    runs_end = np.cumsum(counts)
+    found = set()  # (entry, its offset) that put the frames in order
+    for i in stray[:8].tolist():
+        j = int(np.searchsorted(runs_end, i, side="right"))  # its entry
+        for at in np.setdiff1d(due, pts)[:8].tolist():
+            offset = at - int(dts[i])
+            flip = (offset ^ int(offsets[j])) & 0xFFFFFFFF
+            mended = offsets.copy()
+            mended[j] = offset
+            if flip and not flip & (flip - 1) and in_order(counts, mended):
+                found.add((j, offset))
+    # Of two frames at one time, either may be the one moved: where both can be, neither is mended
+    return {entry + 8 * j + 4: (offset & 0xFFFFFFFF).to_bytes(4, "big") for j, offset in found} \
+        if len(found) == 1 else {}
+    j = int(np.searchsorted(np.cumsum(counts), stray[0], side="right"))  # its entry
+    for at in np.setdiff1d(due, pts)[:64].tolist():
+        offset = at - int(dts[stray[0]])
+        flip = (offset ^ int(offsets[j])) & 0xFFFFFFFF
+        mended = offsets.copy()
+        mended[j] = offset
+        if flip and not flip & (flip - 1) and in_order(counts, mended):
+            return {entry + 8 * j + 4: (offset & 0xFFFFFFFF).to_bytes(4, "big")}
+    return {}
+
+
 def iso_with_mended_index(path: str) -> StandIn | None:
-    """An MP4/MOV whose index states a wrong size for a frame or a wrong place for a chunk of frames
-    (a flipped bit in a stsz or stco entry: a damaged copy), read with the index mended; None for
-    any other. The index puts a chunk's frames one after the other from the chunk's place, by their
-    sizes: FFmpeg read the frames of the chunk after a wrong size, or all of a chunk put in the
-    wrong place, from the wrong bytes into packets its decoder refused, or, where that ran past the
-    end of the file, stopped there (27 of a 250 frames' file kept). A chunk's frames fill it up to
-    the next chunk (of any track) or the end of its media data: where by the index they end
-    elsewhere (past it, or short of it with its last frame not whole where the index puts it), the
-    first frame not whole of its codec (_sample_check) where the index puts it has a size that
-    difference off, where it and the next are whole at that size; or, where even the chunk's first
-    frame is not, the chunk is where its first and last frames are whole at a place one bit off its
-    stated one. Only codecs whose frames show where they end are mended (H.264, HEVC)."""
+    """An MP4/MOV whose index states a wrong size for a frame, a wrong place for a chunk of frames
+    or wrong times for its frames (a flipped bit in a stsz, stco or ctts entry: a damaged copy),
+    read with the index mended (_mended_places, _mended_times); None for any other."""
     boxes = _top_level(path)
     index = next(((at, size) for kind, at, size in boxes if kind == "moov"), None)
     ends = [at + size for kind, at, size in boxes if kind == "mdat"]
@@ -1012,26 +1080,56 @@ def iso_with_mended_index(path: str) -> StandIn | None:
     with open(path, "rb") as f:
         f.seek(index[0])
         data = f.read(index[1])
-        end = f.seek(0, 2)
     tracks, offsets = _track_tables(data)
     video = next((t for t in tracks if t["video"] and t["sizes_at"] is not None), None)
     if video is None:
         return None
+    times = _mended_times(data, video)
+    new_sizes, new_places = _mended_places(path, video, offsets, ends)
+    if not new_sizes and not new_places and not times:
+        return None
+    width = 8 if video["wide"] else 4
+    patches = tuple([(index[0] + video["sizes_at"] + 4 * i, size.to_bytes(4, "big")) for i, size in new_sizes.items()]
+                    + [(index[0] + video["chunks_at"] + width * c, at.to_bytes(width, "big"))
+                       for c, at in new_places.items()] + [(index[0] + at, value) for at, value in times.items()])
+    wrong = [f"a wrong size for {len(new_sizes)} frame(s)"] * bool(new_sizes) + \
+        [f"a wrong place for {len(new_places)} chunk(s) of frames"] * bool(new_places) + \
+        ["wrong times for its frames"] * bool(times)
+    note = f"its index states {' and '.join(wrong)} (a damaged index): mended where the frames' data and times show it"
+    return StandIn(_Realigned(path, 0, 0, patches=patches), note=note)
+
+
+def _mended_places(path: str, video: dict, offsets: list[int], ends: list[int]) -> tuple[dict, dict]:
+    """Of the MP4/MOV at `path` whose index states a wrong size for a frame or a wrong place for a
+    chunk of frames (`video`: its video track's tables, _track_tables; `offsets`: every track's
+    chunks' places; `ends`: where its media data boxes end), the sizes mended as {frame: size} and
+    the places as {chunk: place}. The index puts a chunk's frames one after the other from the
+    chunk's place, by their sizes: FFmpeg read the frames of the chunk after a wrong size, or all of
+    a chunk put in the wrong place, from the wrong bytes into packets its decoder refused, or, where
+    that ran past the end of the file, stopped there (27 of a 250 frames' file kept). A chunk's
+    frames fill it up to the next chunk (of any track) or the end of its media data: where by the
+    index they end elsewhere (past it, or short of it with its last frame not whole where the index
+    puts it), the first frame not whole of its codec (_sample_check) where the index puts it has a
+    size that difference off, where it and the next are whole at that size; or, where even the
+    chunk's first frame is not, the chunk is where its first and last frames are whole at a place
+    one bit off its stated one. Only codecs whose frames show where they end are mended (H.264,
+    HEVC)."""
+    end = os.path.getsize(path)
     sizes, chunk_of, chunks, first = video["sizes"], video["chunk_of"], video["chunks"], video["first"]
     before = np.cumsum(sizes) - sizes
     within = before - before[first[chunk_of]]  # each frame's place in its chunk, by the sizes before it
     lengths = np.bincount(chunk_of, weights=sizes, minlength=len(chunks)).astype(np.int64)
     bounds = np.array(sorted(set(offsets) | set(ends) | {end}), dtype=np.int64)
     off = chunks + lengths - bounds[np.searchsorted(bounds, chunks, side="right").clip(max=len(bounds) - 1)]
+    new_sizes, new_places = {}, {}
     if not off.any():
-        return None
+        return new_sizes, new_places
     with av.open(path, "r", metadata_errors="replace") as container:
         stream = video_stream(container)
         check = stream and stream.codec_context.name in ("h264", "hevc") and _sample_check(stream)
     if not check:
-        return None
+        return new_sizes, new_places
     counts = np.bincount(chunk_of, minlength=len(chunks))
-    new_sizes, new_places = {}, {}
     with open(path, "rb") as f:
         def whole(at: int, n: int) -> bool:
             return 0 <= at and 0 < n <= 64 << 20 and at + n <= end and check(os.pread(f.fileno(), n, at))
@@ -1054,16 +1152,7 @@ def iso_with_mended_index(path: str) -> StandIn | None:
                                                                       int(sizes[frames[-1]])):
                         new_places[c] = start
                         break
-    if not new_sizes and not new_places:
-        return None
-    width = 8 if video["wide"] else 4
-    patches = tuple([(index[0] + video["sizes_at"] + 4 * i, size.to_bytes(4, "big")) for i, size in new_sizes.items()]
-                    + [(index[0] + video["chunks_at"] + width * c, at.to_bytes(width, "big"))
-                       for c, at in new_places.items()])
-    wrong = [f"a wrong size for {len(new_sizes)} frame(s)"] * bool(new_sizes) + \
-        [f"a wrong place for {len(new_places)} chunk(s) of frames"] * bool(new_places)
-    note = f"its index states {' and '.join(wrong)} (a damaged index): they were read where their data shows"
-    return StandIn(_Realigned(path, 0, 0, patches=patches), note=note)
+    return new_sizes, new_places
 
 
 def _boxes_to_the_end_near(path: str, at: int, within: int = 16 << 20) -> int | None:

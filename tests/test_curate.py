@@ -1758,19 +1758,23 @@ def test_two_mp4s_joined_end_to_end_are_read_as_the_first_and_the_record_says_wh
 
 @pytest.mark.parametrize("codec, sound, table, entry, bit", [
     ("libx264", False, "stsz", 40, 13), ("libx264", False, "stsz", 90, -1), ("libx265", False, "stsz", 60, 20),
-    ("libx264", False, "stco", 0, 7), ("libx265", False, "stco", 0, 22), ("libx264", True, "stco", None, -2)],
+    ("libx264", False, "stco", 0, 7), ("libx265", False, "stco", 0, 22), ("libx264", True, "stco", None, -2),
+    ("libx264", False, "ctts", 60, 12), ("libx265", False, "ctts", 81, 20)],
     ids=["h264 size larger", "h264 size smaller", "hevc size past the end", "h264 chunk moved",
-         "hevc chunk past the end", "h264 with sound chunk moved back"])
+         "hevc chunk past the end", "h264 with sound chunk moved back", "h264 times count", "hevc times offset"])
 def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tmp_path, codec, sound, table,
                                                                           entry, bit):
     """One bit flipped in the index (a damaged copy): in a frame's size (stsz: 8192 bytes more, or
-    less by its lowest set bit, or 1 MiB more), or in the place of a chunk of frames (stco: 128
-    bytes on, 4 MiB on: past the end of the file, or back by its highest set bit, in a file with
-    sound, whose chunks of frames and of sound take turns). The frames after the wrong size in its
-    chunk, or all of a chunk put in the wrong place, were read from the wrong bytes, and FFmpeg's
+    less by its lowest set bit, or 1 MiB more), in the place of a chunk of frames (stco: 128 bytes
+    on, 4 MiB on: past the end of the file, or back by its highest set bit, in a file with sound,
+    whose chunks of frames and of sound take turns), or in the frames' times (ctts: the count of
+    the 31st entry 4096 more, or the 41st's offset 1 MiB more). The frames after the wrong size in
+    its chunk, or all of a chunk put in the wrong place, were read from the wrong bytes, and FFmpeg's
     decoder refused them, or where one ran past the end of the file FFmpeg stopped there (the
-    record said the file may be cut short). Now the index is mended from the frames' data: every
-    frame is the whole file's, unmarked, and the record is the whole file's but for its warning."""
+    record said the file may be cut short); with wrong times the frames came out of order, and
+    FFmpeg's decoder dropped 3 and 1 of them, without a word. Now the index is mended from the
+    frames' data and times: every frame is the whole file's, at its time, unmarked, and the record
+    is the whole file's but for its warning."""
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 320x136, cuts at 30 and 76
     _encode(tmp_path / "video.mp4", frames, fps=25, codec=codec)
     if sound:
@@ -1779,7 +1783,7 @@ def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tm
         (tmp_path / "video.mp4").rename(tmp_path / "whole.mp4")
     data = bytearray((tmp_path / "whole.mp4").read_bytes())
     # An entry comes after the table's type, version and flags, count (and stsz's one size for all)
-    first = data.index(table.encode()) + {"stsz": 16, "stco": 12}[table]
+    first = data.index(table.encode()) + {"stsz": 16, "stco": 12, "ctts": 12}[table]  # ctts: (count, offset)s
 
     def value_of(i: int) -> int:
         return int.from_bytes(data[first + 4 * i:first + 4 * i + 4], "big")
@@ -1794,8 +1798,10 @@ def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tm
     plain, plain_clips = process_source(str(tmp_path / "whole.mp4"), "whole", cfg)
     record, clips = process_source(str(tmp_path / "copy.mp4"), "copy", cfg)
     assert record["status"] == "ok", record["error"]
-    wrong = {"stsz": "a wrong size for 1 frame(s)", "stco": "a wrong place for 1 chunk(s) of frames"}[table]
-    assert record["warning"] == f"its index states {wrong} (a damaged index): they were read where their data shows"
+    wrong = {"stsz": "a wrong size for 1 frame(s)", "stco": "a wrong place for 1 chunk(s) of frames",
+             "ctts": "wrong times for its frames"}[table]
+    assert record["warning"] == \
+        f"its index states {wrong} (a damaged index): mended where the frames' data and times show it"
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
