@@ -28,7 +28,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from dataloader.dataset import build_loader
-from dataloader.shards import expand_shards
 from models.autoencoder import build_autoencoder
 from models.dit.model import flops_per_token
 from models.flow import FlowMatching
@@ -37,15 +36,15 @@ from train.checkpoint import Checkpointer, find_latest
 from train.ema import EMA
 from train.export import model_from_config
 from train.metrics import Metrics, peak_flops, peak_memory_mib
-from train.parallel_dims import ParallelDims
 from train.parallelize import parallelize, sync_gradients
+from train.validate import validate
 
 
 class TrainingError(RuntimeError):
     """A run that cannot go on; the message says why and what was saved."""
 
 
-# --- set-up checks, before any process group exists --------------------------------------------------
+# --- set-up, before any process group exists (the checks of the arguments alone: train/validate.py) ---
 
 
 def token_size(cfg: DictConfig, autoencoder) -> list[int]:
@@ -53,24 +52,6 @@ def token_size(cfg: DictConfig, autoencoder) -> list[int]:
     pt, ph, pw = cfg.model.patch_size
     return [autoencoder.temporal_compression * pt, autoencoder.spatial_compression * ph,
             autoencoder.spatial_compression * pw]
-
-
-def validate(cfg: DictConfig, world_size: int) -> ParallelDims:
-    """Everything that can be checked alone, so a bad run fails with a message and not a hung group."""
-    if cfg.num_steps < 1:
-        raise ValueError(f"num_steps={cfg.num_steps}: train at least one step")
-    if cfg.optim.grad_accum_steps < 1:
-        raise ValueError(f"optim.grad_accum_steps={cfg.optim.grad_accum_steps}: at least 1")
-    if cfg.precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision={cfg.precision!r}: auto, fp32 or bf16")
-    dims = ParallelDims.from_config(cfg.parallel, world_size)
-    dims.check_model(cfg.model.num_heads)
-    if not expand_shards(cfg.data.shards):
-        raise FileNotFoundError(f"data.shards={cfg.data.shards!r} names no .tar shards")
-    resume = cfg.checkpoint.resume
-    if resume not in ("auto", "none") and not Path(resume).is_dir():
-        raise FileNotFoundError(f"checkpoint.resume={resume!r}: not a directory (or use auto / none)")
-    return dims
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
