@@ -17,7 +17,9 @@ import decord
 import pytest
 import webdataset as wds
 
+import conf
 from curator import synth
+from curator.pipeline import curate
 from curator.writer import OutputDir, OutputWriteError, read_jsonl
 
 ARGS = ["writer.samples_per_shard=2", "num_workers=1", "ray.num_cpus=2", "dedup.enabled=false"]
@@ -52,12 +54,12 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
-def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path):
+def test_kill_9_mid_run_then_rerun_finishes_the_job(tmp_path, ray_local):
     inputs = tmp_path / "in"
     synth.write_corpus(inputs, seed=5, num_shape_videos=10)
     clean, resumed = tmp_path / "clean", tmp_path / "resumed"
-    proc = _run(inputs, clean)
-    assert proc.wait(timeout=300) == 0, _finish(proc)
+    # The uninterrupted run, in this process's Ray (runs are the same in any: test_curate's determinism tests)
+    assert curate(conf.compose("curate", [f"input={inputs}", f"output={clean}", *ARGS]), log=lambda *_: None)
 
     proc = _run(inputs, resumed)
     deadline = time.time() + 240
@@ -129,7 +131,7 @@ def test_ctrl_c_then_sigterm_mid_run_stop_cleanly_and_the_same_command_goes_on(t
     assert len(_samples(out)) == json.loads((out / "summary.json").read_text())["kept"]
 
 
-def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
+def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path, ray_local):
     """While one run holds the output (here this process, through the writer's own lock), the same
     command from another process exits 2 naming the holder, and leaves the holder's unfinished shard
     and manifest as they are; once the holder is done, it runs."""
@@ -152,9 +154,7 @@ def test_a_second_run_on_an_output_in_use_stops_and_touches_nothing(tmp_path):
 
     holder.close()
     holder.release()
-    proc = _run(inputs, out)
-    log = _finish(proc)
-    assert proc.returncode == 0, log
+    assert curate(conf.compose("curate", [f"input={inputs}", f"output={out}", *ARGS]), log=lambda *_: None)
     assert not unfinished.exists()
     total = len(list(inputs.glob("*.mp4")))
     assert len(read_jsonl(out / "manifest.jsonl")) == 1 + total
