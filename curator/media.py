@@ -793,7 +793,9 @@ def probe(path: str) -> Probe:
                 top_field_first=ctx.field_order not in (3, 4),
                 hdr=HDR_TRANSFERS.get(first.color_trc),
                 wide_gamut=first.color_primaries == BT2020,
-                dark_edges=score.dark_edges(first.to_ndarray(format="gray")),
+                # In one thread: FFmpeg's scaler threads (the default, one a core) for one frame, in a
+                # process that detect_many forked from one with threads of its own, hung for good.
+                dark_edges=score.dark_edges(first.reformat(format="gray", threads=1).to_ndarray()),
                 stated_s=stated_duration(container, stream),
             )
     except MediaError:
@@ -1481,7 +1483,8 @@ def sample_lumas(path: str, probe_: Probe, size: tuple[int, int], count: int = 8
                     continue
                 frame = frames[0]
                 y = luma_plane(scaler.reformat(frame, width=w, height=h, format="yuv420p", interpolation="AREA",
-                                               src_color_range=frame.color_range, dst_color_range=ColorRange.MPEG))
+                                               src_color_range=frame.color_range, dst_color_range=ColorRange.MPEG,
+                                               threads=1))
                 lumas.append(np.ascontiguousarray(np.rot90(y, rot // 90)) if rot else y)
     except (av.FFmpegError, ValueError, OverflowError):
         return []
