@@ -287,7 +287,8 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return retimed_gif(path)
     if head[4:8] == b"ftyp":
-        return realigned_iso(path) or first_of_joined_isos(path) or iso_with_mended_index(path)
+        boxes = _top_level(path)  # read once for the three
+        return realigned_iso(path, boxes) or first_of_joined_isos(path, boxes) or iso_with_mended_index(path, boxes)
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -306,8 +307,7 @@ def _opens(path: str) -> bool:
 def stand_in(path: str) -> StandIn | None:
     """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
     first_of_joined_isos, iso_with_mended_index, iso_after_a_damaged_head, matroska_after_bytes_before),
-    or None for one
-    that is read as it is. The last source's is kept (a file is converted once for a source's probe,
+    or None for one that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
     try:
@@ -895,13 +895,14 @@ def _boxes_from(f, at: int) -> Iterator[tuple[str, int, int]]:
         at += size
 
 
-def _misfit_media_data(path: str) -> tuple[int, int, bool, bool] | None:
+def _misfit_media_data(path: str, boxes: list | None = None) -> tuple[int, int, bool, bool] | None:
     """For an ISO media file whose media data (mdat box) does not end where its stated size says,
     where the next box or the end of the file should be: (its start, its stated size, whether the
     index came before it, whether it is a fragment's: a moof box came before it); None for a whole
     file. The boxes read after such media data, if any, are bytes of it read as a box (a type of
-    four letters can come of them): not an index, and not ending with the file."""
-    boxes = _top_level(path)
+    four letters can come of them): not an index, and not ending with the file. `boxes`: its
+    _top_level, where read already."""
+    boxes = _top_level(path) if boxes is None else boxes
     kinds = [kind for kind, _, _ in boxes]
     if "mdat" not in kinds:
         return None
@@ -914,15 +915,15 @@ def _misfit_media_data(path: str) -> tuple[int, int, bool, bool] | None:
     return start, size, "moov" in kinds[:k], "moof" in kinds[:k]
 
 
-def first_of_joined_isos(path: str) -> StandIn | None:
+def first_of_joined_isos(path: str, boxes: list) -> StandIn | None:
     """An MP4/MOV with a second one after it (files joined end to end, as `cat` joins them), read
     as the first alone, with a note that says where the second starts; None for any other file.
     FFmpeg, as players do, took the first file's index alone (it logs "Found duplicated MOOV Atom"
     at most), so the second's frames were passed over without a word; of fragmented files it read
     the second's fragments as more of the first's, into packets its decoder refused, and lost the
     first's last frames with them. The second starts at the second file type box (ftyp) among the
-    top-level boxes."""
-    second = next((at for kind, at, _ in _top_level(path)[1:] if kind == "ftyp"), None)
+    top-level boxes (`boxes`: its _top_level)."""
+    second = next((at for kind, at, _ in boxes[1:] if kind == "ftyp"), None)
     if second is None:
         return None
     note = (f"a second MP4/MOV starts at byte {second}, after this one's end (files joined end to end): as players "
@@ -950,14 +951,15 @@ def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | 
     return next(((s, e) for k, s, e in _children(data, start, end) if k == kind), None)
 
 
-def _track_tables(data: bytes) -> tuple[list[dict], list[int]]:
-    """Of an index (a moov box's bytes, `data`): each track's sample table where it says where each
-    of its samples lies, as a dict: `video` (whether its handler's is), `sizes` (each sample's, in
-    bytes), `chunks` (each chunk's offset in the file), `chunk_of` (each sample's chunk), `first`
-    (each chunk's first sample), `sizes_at` and `chunks_at` (where in `data` the stsz entries and
-    the chunk offsets start; sizes_at None where one size is stated for all) and `wide` (8-byte
-    chunk offsets: co64); and the chunk offsets of every track, sorted."""
-    tracks, offsets = [], []
+def _video_table(data: bytes) -> tuple[dict | None, list[int]]:
+    """Of an index (a moov box's bytes, `data`): the first video track's sample table where it says
+    where each of its frames lies, as a dict: `sizes` (each frame's, in bytes), `chunks` (each chunk's
+    offset in the file), `chunk_of` (each frame's chunk), `first` (each chunk's first frame),
+    `sizes_at` and `chunks_at` (where in `data` the stsz entries and the chunk offsets start), `wide`
+    (8-byte chunk offsets: co64), `stts` and `ctts` (where those tables lie in `data`, if there), or
+    None where there is none that states each frame's size; and the chunk offsets of every track,
+    sorted."""
+    video, offsets = None, []
     for kind, s, e in _children(data, 8, len(data)):
         if kind != b"trak" or not (mdia := _child(data, s, e, b"mdia")):
             continue
@@ -973,25 +975,23 @@ def _track_tables(data: bytes) -> tuple[list[dict], list[int]]:
         chunks = np.frombuffer(data, ">u8" if wide else ">u4", n_chunks, co[0] + 8).astype(np.int64)
         offsets += chunks.tolist()
         stsz, stsc = tables.get(b"stsz"), tables.get(b"stsc")
-        if not (stsz and stsc):
+        if video or not (hdlr and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide" and stsz and stsc):
             continue
         one_size, count = (int.from_bytes(data[stsz[0] + k:stsz[0] + k + 4], "big") for k in (4, 8))
         n_runs = int.from_bytes(data[stsc[0] + 4:stsc[0] + 8], "big")
-        if stsc[0] + 8 + 12 * n_runs > stsc[1] or not one_size and stsz[0] + 12 + 4 * count > stsz[1]:
-            continue  # tables that do not hold what they state
+        if one_size or stsc[0] + 8 + 12 * n_runs > stsc[1] or stsz[0] + 12 + 4 * count > stsz[1]:
+            continue  # one size for every frame, or tables that do not hold what they state
         runs = np.frombuffer(data, ">u4", 3 * n_runs, stsc[0] + 8).reshape(-1, 3).astype(np.int64)
         firsts = np.append(runs[:, 0], n_chunks + 1)  # a run of stsc: from its first chunk to the next run's
         per_chunk = np.repeat(runs[:, 1], np.diff(firsts).clip(0))
         if len(per_chunk) != n_chunks or per_chunk.sum() != count:
             continue
-        sizes = (np.full(count, one_size, np.int64) if one_size else
-                 np.frombuffer(data, ">u4", count, stsz[0] + 12).astype(np.int64))
-        tracks.append({"video": bool(hdlr) and data[hdlr[0] + 8:hdlr[0] + 12] == b"vide", "sizes": sizes,
-                       "chunks": chunks, "chunk_of": np.repeat(np.arange(n_chunks), per_chunk),
-                       "first": np.concatenate([[0], np.cumsum(per_chunk)[:-1]]).astype(np.int64),
-                       "sizes_at": None if one_size else stsz[0] + 12, "chunks_at": co[0] + 8, "wide": wide,
-                       "stts": tables.get(b"stts"), "ctts": tables.get(b"ctts")})
-    return tracks, sorted(offsets)
+        video = {"sizes": np.frombuffer(data, ">u4", count, stsz[0] + 12).astype(np.int64), "chunks": chunks,
+                 "chunk_of": np.repeat(np.arange(n_chunks), per_chunk),
+                 "first": np.concatenate([[0], np.cumsum(per_chunk)[:-1]]).astype(np.int64),
+                 "sizes_at": stsz[0] + 12, "chunks_at": co[0] + 8, "wide": wide,
+                 "stts": tables.get(b"stts"), "ctts": tables.get(b"ctts")}
+    return video, sorted(offsets)
 
 
 def _mended_times(data: bytes, track: dict) -> dict[int, bytes]:
@@ -1059,22 +1059,13 @@ def _mended_times(data: bytes, track: dict) -> dict[int, bytes]:
     # Of two frames at one time, either may be the one moved: where both can be, neither is mended
     return {entry + 8 * j + 4: (offset & 0xFFFFFFFF).to_bytes(4, "big") for j, offset in found} \
         if len(found) == 1 else {}
-    j = int(np.searchsorted(np.cumsum(counts), stray[0], side="right"))  # its entry
-    for at in np.setdiff1d(due, pts)[:64].tolist():
-        offset = at - int(dts[stray[0]])
-        flip = (offset ^ int(offsets[j])) & 0xFFFFFFFF
-        mended = offsets.copy()
-        mended[j] = offset
-        if flip and not flip & (flip - 1) and in_order(counts, mended):
-            return {entry + 8 * j + 4: (offset & 0xFFFFFFFF).to_bytes(4, "big")}
-    return {}
 
 
-def iso_with_mended_index(path: str) -> StandIn | None:
+def iso_with_mended_index(path: str, boxes: list) -> StandIn | None:
     """An MP4/MOV whose index states a wrong size for a frame, a wrong place for a chunk of frames
     or wrong times for its frames (a flipped bit in a stsz, stco or ctts entry: a damaged copy),
-    read with the index mended (_mended_places, _mended_times); None for any other."""
-    boxes = _top_level(path)
+    read with the index mended (_mended_places, _mended_times); None for any other (`boxes`: its
+    _top_level)."""
     index = next(((at, size) for kind, at, size in boxes if kind == "moov"), None)
     ends = [at + size for kind, at, size in boxes if kind == "mdat"]
     if index is None or not ends or index[1] > 256 << 20:
@@ -1082,8 +1073,7 @@ def iso_with_mended_index(path: str) -> StandIn | None:
     with open(path, "rb") as f:
         f.seek(index[0])
         data = f.read(index[1])
-    tracks, offsets = _track_tables(data)
-    video = next((t for t in tracks if t["video"] and t["sizes_at"] is not None), None)
+    video, offsets = _video_table(data)
     if video is None:
         return None
     times = _mended_times(data, video)
@@ -1103,7 +1093,7 @@ def iso_with_mended_index(path: str) -> StandIn | None:
 
 def _mended_places(path: str, video: dict, offsets: list[int], ends: list[int]) -> tuple[dict, dict]:
     """Of the MP4/MOV at `path` whose index states a wrong size for a frame or a wrong place for a
-    chunk of frames (`video`: its video track's tables, _track_tables; `offsets`: every track's
+    chunk of frames (`video`: its video track's tables, _video_table; `offsets`: every track's
     chunks' places; `ends`: where its media data boxes end), the sizes mended as {frame: size} and
     the places as {chunk: place}. The index puts a chunk's frames one after the other from the
     chunk's place, by their sizes: FFmpeg read the frames of the chunk after a wrong size, or all of
@@ -1363,7 +1353,7 @@ def _sample_check(stream) -> Callable[[bytes], bool] | None:
     return lambda data: data[at:at + len(marker)] == marker
 
 
-def realigned_iso(path: str) -> StandIn | None:
+def realigned_iso(path: str, boxes: list) -> StandIn | None:
     """An MP4/MOV that lost or gained bytes in its media data (a damaged copy), read as it was
     before; None for any other. Its index (moov box) says where each frame's data lies, as the
     file was: before the place of the damage, that is where it still is; after it, the bytes lost
@@ -1372,8 +1362,8 @@ def realigned_iso(path: str) -> StandIn | None:
     that many bytes away. The frames whose data is neither place (those lost with the bytes) are
     left out. Where the index comes after the media data, as it mostly does, the file could not
     be read at all: the media data box's size says where the index starts. Where it comes first,
-    the frames after the damage decoded into garbage."""
-    if (mdat := _misfit_media_data(path)) is None:
+    the frames after the damage decoded into garbage. `boxes`: its _top_level."""
+    if (mdat := _misfit_media_data(path, boxes)) is None:
         return None
     start, size, index_first, fragment = mdat
     stated_end, end = start + size, os.path.getsize(path)

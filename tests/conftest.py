@@ -46,3 +46,13 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def without_torch(tmp_path) -> dict:
+    """An environment with a `torch` that cannot be imported first on the path: a command run in it
+    must do what it is tested for before it imports torch (seconds)."""
+    (tmp_path / "no_torch" / "torch").mkdir(parents=True)
+    (tmp_path / "no_torch" / "torch" / "__init__.py").write_text('raise ImportError("torch imported too early")')
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no_torch"),
+                                                                     os.environ.get("PYTHONPATH")]))}

@@ -89,22 +89,17 @@ def test_bad_overrides_fail_with_messages_that_name_the_problem():
     ("vfm-sample", ["checkpoint=c"], "vfm-sample: prompt= and output= must be given. Usage: vfm-sample checkpoint="),
     ("vfm-serve", [], "vfm-serve: checkpoint= must be given. Usage: vfm-serve checkpoint=<exported dir>"),
 ])
-def test_a_command_without_what_it_needs_says_so_in_one_line(command, given, said, tmp_path):
+def test_a_command_without_what_it_needs_says_so_in_one_line(command, given, said, tmp_path, without_torch):
     """A new user's first try, `vfm-curate` alone, ended in OmegaConf's MissingMandatoryValue traceback.
     Each command says so before it imports torch (seconds): here a `torch` that cannot be imported
     comes first on the path. vfm-encode, vfm-sample and vfm-serve imported it first (4 s each), and
     failed on it here."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    (tmp_path / "no_torch" / "torch").mkdir(parents=True)
-    (tmp_path / "no_torch" / "torch" / "__init__.py").write_text('raise ImportError("torch before the usage check")')
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no_torch"),
-                                                                     os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([str(Path(sys.executable).parent / command), *given], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, env=env)
+                       text=True, timeout=120, env=without_torch)
     assert r.returncode == 2 and r.stderr.startswith(said), r.stderr[-2000:]
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
 

@@ -1618,6 +1618,14 @@ def _clean_decode_by_time(path: Path, frame_threads: bool = False) -> dict[int, 
     return out
 
 
+def _every_frame_is_the_whole_files(whole: Path, copy: Path) -> None:
+    """Every frame of `copy`, decoded as curation decodes it, is the frame of `whole` at its time,
+    and none is marked damaged."""
+    frames, copied = _clean_decode_by_time(whole), _clean_decode_by_time(copy)
+    assert sorted(copied) == sorted(frames) and not _unlike(copied, frames)
+    assert not any(damaged for _, damaged in copied.values())
+
+
 @pytest.mark.parametrize("codec, layout, change", [
     ("libx264", "index last", -20_000), ("libx264", "index last", 15_000), ("libx264", "index first", -20_000),
     ("libx264", "fragments", -5_000), ("libx265", "index last", -9_000)])
@@ -1713,9 +1721,7 @@ def test_a_matroska_file_with_bytes_before_it_is_read_from_its_header(bikes, tmp
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
-    whole, copied = _clean_decode_by_time(tmp_path / f"whole.{ext}"), _clean_decode_by_time(tmp_path / f"copy.{ext}")
-    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
-    assert not any(damaged for _, damaged in copied.values())
+    _every_frame_is_the_whole_files(tmp_path / f"whole.{ext}", tmp_path / f"copy.{ext}")
     (tmp_path / f"noise.{ext}").write_bytes(before + b"\x1a\x45\xdf\xa3\x84webm" + before)
     record, _ = process_source(str(tmp_path / f"noise.{ext}"), "noise", cfg)
     assert record["status"] == "error" and "Invalid data" in record["error"], record
@@ -1797,9 +1803,7 @@ def test_an_mp4_whose_index_states_a_wrong_size_or_place_is_read_whole(bikes, tm
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
-    whole, copied = _clean_decode_by_time(tmp_path / "whole.mp4"), _clean_decode_by_time(tmp_path / "copy.mp4")
-    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
-    assert not any(damaged for _, damaged in copied.values())
+    _every_frame_is_the_whole_files(tmp_path / "whole.mp4", tmp_path / "copy.mp4")
 
 
 def _with_sound(video: Path, path: Path) -> None:
@@ -1842,9 +1846,7 @@ def test_an_mp4_whose_sound_index_is_damaged_has_all_its_frames_read(bikes, tmp_
     assert record["num_frames"] == plain["num_frames"] == 100 and record["shots"] == plain["shots"]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
-    whole, copied = _clean_decode_by_time(tmp_path / "whole.mp4"), _clean_decode_by_time(tmp_path / "copy.mp4")
-    assert sorted(copied) == sorted(whole) and not _unlike(copied, whole)
-    assert not any(damaged for _, damaged in copied.values())
+    _every_frame_is_the_whole_files(tmp_path / "whole.mp4", tmp_path / "copy.mp4")
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])

@@ -276,14 +276,11 @@ def test_nan_steps_are_skipped_and_counted_then_the_run_stops_with_a_checkpoint(
     ("impossible layout", ["parallel=cp2_tp2"], "but the world size is 2"),
     ("heads vs tp", ["parallel=tp2", "model.num_heads=3", "model.hidden_size=48"], "does not divide by parallel.tp=2"),
 ])
-def test_bad_setups_fail_clearly_before_any_process_group(case, extra, message, shards, tmp_path):
+def test_bad_setups_fail_clearly_before_any_process_group(case, extra, message, shards, tmp_path, without_torch):
     """Each rank, as torchrun starts it (WORLD_SIZE=2), says what to change before it imports torch:
     here a `torch` that cannot be imported comes first on the path. Each rank imported torch, the
     model and its libraries first (5 s, on every rank) and said it in the trainer."""
-    (tmp_path / "no_torch" / "torch").mkdir(parents=True)
-    (tmp_path / "no_torch" / "torch" / "__init__.py").write_text('raise ImportError("torch before the checks")')
-    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no_torch"), os.environ.get("PYTHONPATH")]))}
+    env = {**without_torch, "WORLD_SIZE": "2", "RANK": "1"}
     args = overrides(tmp_path / "run", shards, "num_steps=2") + extra
     r = subprocess.run(command(1, args), cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and r.stderr.startswith("vfm-train: ") and r.stderr.count("\n") == 1, r.stderr[-2000:]
