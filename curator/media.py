@@ -451,7 +451,16 @@ def decoded_frames(container, stream, damage: Damage) -> Iterator[tuple[av.Video
     av.logging.set_skip_repeated(False)
     try:
         with av.logging.Capture(local=False) as logs:
-            yield from _decoded_frames(container, stream, damage, logs, logged_codec)
+            try:
+                yield from _decoded_frames(container, stream, damage, logs, logged_codec)
+            finally:
+                # A decoder's frame threads still at work when decoding stops (on an error, or where
+                # the caller stops early) log as they finish, and PyAV's log callback, set here, takes
+                # the GIL. PyAV frees a decoder, waiting for its threads, with the GIL held: a thread
+                # that logged then waited for it for good, and the process with it (a chained Ogg's
+                # second stream, which the threaded Theora decoder refuses, hung 5 runs in 6). A
+                # flush waits for them here, without the GIL, while their lines still go to `logs`.
+                stream.codec_context.flush_buffers()
     finally:
         av.logging.set_skip_repeated(skip_repeated)
         if raise_level:

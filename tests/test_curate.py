@@ -2194,6 +2194,38 @@ def test_a_crashing_or_hanging_decode_costs_one_record_not_the_run(tmp_path, syn
     assert {p.name for p in spool.iterdir()} == {Path(r["spool"]).name for r in rows if r["spool"]}
 
 
+def test_a_threaded_decoder_that_logs_as_decoding_stops_does_not_hang_the_process(bikes, tmp_path):
+    """A damaged MPEG-4 Part 2 file (an old XviD AVI) decoded in frame threads, as a run with one
+    worker does, stopped early or at its damage: the decoder's threads log errors as they finish.
+    PyAV frees a decoder, waiting for its threads, with the GIL held, and its log callback takes the
+    GIL: before media.decoded_frames waited for them itself, these 20 decodes hung the process for
+    good in 3 runs of 3, and PyAV printed TypeErrors from its log callback."""
+    path = tmp_path / "xvid.mp4"
+    write_bit_flipped(bikes, path, "mpeg4", flips=300, seed=1)
+    script = f"""
+import random
+from curator import media
+p = media.probe({str(path)!r})
+rng = random.Random(0)
+for i in range(20):
+    stop, n = rng.randrange(5, 100), 0
+    try:
+        for frame in media.decode({str(path)!r}, p, (64, 36), None, threads=0):
+            n += 1
+            if i % 2 and n >= stop:
+                break
+    except media.MediaError:
+        pass
+print("done")
+"""
+    try:
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("decoding a damaged MPEG-4 file in frame threads hung")
+    assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-2000:]
+    assert "av.logging: exception" not in run.stderr, run.stderr[-2000:]
+
+
 def test_spooled_clips_are_files_of_the_same_bytes_and_none_stays_in_memory(tmp_path, synth_corpus):
     from curator.stages.split import process_source
 
