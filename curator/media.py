@@ -289,6 +289,8 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
     if head[4:8] == b"ftyp":
         boxes = _top_level(path)  # read once for the three
         return realigned_iso(path, boxes) or first_of_joined_isos(path, boxes) or iso_with_mended_index(path, boxes)
+    if _is_flv_header(head) and (joined := first_of_joined_flvs(path)) is not None:
+        return joined
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -306,7 +308,8 @@ def _opens(path: str) -> bool:
 
 def stand_in(path: str) -> StandIn | None:
     """The video that stands in for the source at `path` (webp_video, retimed_gif, realigned_iso,
-    first_of_joined_isos, iso_with_mended_index, iso_after_a_damaged_head, matroska_after_bytes_before),
+    first_of_joined_isos, iso_with_mended_index, first_of_joined_flvs, iso_after_a_damaged_head,
+    matroska_after_bytes_before),
     or None for one that is read as it is. The last source's is kept (a file is converted once for a source's probe,
     border sampling and decoding, not three times: that took most of an animated WebP's curation
     time) until forget_stand_in()."""
@@ -938,6 +941,37 @@ def first_of_joined_isos(path: str, boxes: list) -> StandIn | None:
     note = (f"a second MP4/MOV starts at byte {second}, after this one's end (files joined end to end): as players "
             "do, only the first was read; cut the file there to curate the second")
     return StandIn(_Realigned(path, 0, 0, size=second), note=note)
+
+
+def _is_flv_header(head: bytes) -> bool:
+    """Whether `head` starts as an FLV file does: "FLV", version 1, then its header's size (9)."""
+    return head[:4] == b"FLV\x01" and int.from_bytes(head[5:9], "big") == 9
+
+
+FLV_TAGS = {8, 9, 18}  # audio, video, script data (the low five bits of a tag's first byte)
+
+
+def first_of_joined_flvs(path: str) -> StandIn | None:
+    """An FLV file with a second one after it (files joined end to end, as `cat` joins them; a
+    recording's pieces from a stream or a camera), read as the first alone, with a note that says
+    where the second starts; None for any other file. FFmpeg's demuxer, as players do, stopped at
+    the second file's header without a word. The tags are walked from the first header: each is 11
+    bytes of header, its data and 4 bytes of the size before the next. A walk that meets bytes that
+    are no tag ends there (damage, or the end of the file)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        at = 9 + 4  # the header, then the first tag's "previous tag size" (0)
+        while at + 11 <= size:
+            f.seek(at)
+            tag = f.read(11)
+            if _is_flv_header(tag):
+                note = (f"a second FLV file starts at byte {at}, after this one's end (files joined end to end): as "
+                        "players do, only the first was read; cut the file there to curate the second")
+                return StandIn(_Realigned(path, 0, 0, size=at), note=note)
+            if tag[0] & 0x1F not in FLV_TAGS:
+                return None
+            at += 11 + int.from_bytes(tag[1:4], "big") + 4
+    return None
 
 
 def _children(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:

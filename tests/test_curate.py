@@ -1727,29 +1727,33 @@ def test_a_matroska_file_with_bytes_before_it_is_read_from_its_header(bikes, tmp
     assert record["status"] == "error" and "Invalid data" in record["error"], record
 
 
-@pytest.mark.parametrize("options", [{}, {"movflags": "+faststart"}, {"movflags": "+frag_keyframe+empty_moov"}],
-                         ids=["index last", "index first", "fragmented"])
-def test_two_mp4s_joined_end_to_end_are_read_as_the_first_and_the_record_says_where_the_second_starts(
-        bikes, tmp_path, options):
+@pytest.mark.parametrize("ext, options", [("mp4", {}), ("mp4", {"movflags": "+faststart"}),
+                                          ("mp4", {"movflags": "+frag_keyframe+empty_moov"}), ("flv", {})],
+                         ids=["mp4 index last", "mp4 index first", "mp4 fragmented", "flv"])
+def test_two_files_joined_end_to_end_are_read_as_the_first_and_the_record_says_where_the_second_starts(
+        bikes, tmp_path, ext, options):
     """`cat a.mp4 b.mp4 > ab.mp4`: players, and FFmpeg, show the first file alone (FFmpeg logs a
     duplicated index at most), and its record was the first's, with no word of the second's frames;
     of fragmented files FFmpeg read the second's fragments as the first's, into 49 packets its
-    decoder refused, and the first's last 2 frames were lost with them. Now the file is read as the
-    first alone, whatever the kind, and its record says where the second starts: its frames, shots
-    and clips are the first file's. A whole file, the first alone, gets no such warning."""
+    decoder refused, and the first's last 2 frames were lost with them. Two FLV files joined (a
+    stream's recorded pieces): FFmpeg's demuxer stopped at the second's header, without a word. Now
+    the file is read as the first alone, whatever the kind, and its record says where the second
+    starts: its frames, shots and clips are the first file's. A whole file, the first alone, gets no
+    such warning."""
     frames = [f[::2, ::2] for f in bikes_frames(bikes)]  # 320x136
-    first, second = tmp_path / "first.mp4", tmp_path / "second.mp4"
+    first, second = tmp_path / f"first.{ext}", tmp_path / f"second.{ext}"
     _encode(first, frames[:100], fps=25, container_options=options)  # cuts at 30 and 76
     _encode(second, frames[137:187], fps=25, container_options=options)
-    joined = tmp_path / "joined.mp4"
+    joined = tmp_path / f"joined.{ext}"
     joined.write_bytes(first.read_bytes() + second.read_bytes())
     cfg = _cfg(tmp_path, tmp_path / "out")
     plain, plain_clips = process_source(str(first), "first", cfg)
     record, clips = process_source(str(joined), "joined", cfg)
     assert plain["status"] == record["status"] == "ok" and plain["warning"] is None
-    assert record["warning"] == f"a second MP4/MOV starts at byte {first.stat().st_size}, after this one's end " \
+    kind = {"mp4": "MP4/MOV", "flv": "FLV file"}[ext]
+    assert record["warning"] == f"a second {kind} starts at byte {first.stat().st_size}, after this one's end " \
         "(files joined end to end): as players do, only the first was read; cut the file there to curate the second"
-    assert record["num_frames"] == 100 and record["shots"] == plain["shots"]
+    assert record["num_frames"] == 100 and record["shots"] == plain["shots"] == [[0, 30], [30, 76], [76, 100]]
     assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
         [(c.start_frame, c.end_frame, c.kept) for c in plain_clips]
 
