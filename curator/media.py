@@ -936,9 +936,12 @@ def first_of_joined_isos(path: str, boxes: list) -> StandIn | None:
     first's last frames with them. The second starts at the second file type box (ftyp) among the
     top-level boxes (`boxes`: its _top_level)."""
     second = next((at for kind, at, _ in boxes[1:] if kind == "ftyp"), None)
-    if second is None:
-        return None
-    note = (f"a second MP4/MOV starts at byte {second}, after this one's end (files joined end to end): as players "
+    return None if second is None else _first_of_joined(path, second, "MP4/MOV")
+
+
+def _first_of_joined(path: str, second: int, kind: str) -> StandIn:
+    """The file at `path` read up to byte `second`, where a second file of `kind` starts."""
+    note = (f"a second {kind} starts at byte {second}, after this one's end (files joined end to end): as players "
             "do, only the first was read; cut the file there to curate the second")
     return StandIn(_Realigned(path, 0, 0, size=second), note=note)
 
@@ -965,9 +968,7 @@ def first_of_joined_flvs(path: str) -> StandIn | None:
             f.seek(at)
             tag = f.read(11)
             if _is_flv_header(tag):
-                note = (f"a second FLV file starts at byte {at}, after this one's end (files joined end to end): as "
-                        "players do, only the first was read; cut the file there to curate the second")
-                return StandIn(_Realigned(path, 0, 0, size=at), note=note)
+                return _first_of_joined(path, at, "FLV file")
             if tag[0] & 0x1F not in FLV_TAGS:
                 return None
             at += 11 + int.from_bytes(tag[1:4], "big") + 4
