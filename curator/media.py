@@ -352,6 +352,15 @@ def _stated_length(container, stream) -> float:
     return stated_duration(container, stream) or (stream.frames / rate if stream.frames and rate else 0.0)
 
 
+# What decoders answer for a packet whose data they cannot make sense of: FFmpeg's decoders mostly say
+# "Invalid data", but PNG's (and others through zlib) say "Generic error in an external library"
+# for a damaged frame, some "Invalid argument" for a damaged frame's size (raw video's last frame cut
+# short, a damaged header's dimensions) and some "not implemented" for a feature that a damaged
+# header asks for. Each is a packet refused: taken for the end of the stream, one bit flipped in a
+# PNG-in-MOV's first frame lost the whole source, where 53 of its 75 frames decode.
+REFUSED = (av.InvalidDataError, av.ExternalError, av.ArgumentError, av.PatchWelcomeError)
+
+
 class Damage:
     """What a damaged file cost while it was decoded (a bit-flipped or badly cut download)."""
 
@@ -641,7 +650,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
             frames = _decode(packet, ctx)
             logged = bool(codec and logs) and any(level <= av.logging.ERROR and name == codec
                                                   for level, name, _ in logs)
-        except av.InvalidDataError:
+        except REFUSED:
             damage.skipped_packets += 1
             damage.bad_run += 1
             if packet.is_keyframe and damage.key_at is None:
@@ -753,7 +762,7 @@ def probe(path: str) -> Probe:
             damage = Damage().knowing(path)
             try:
                 first = next((f for f, _ in decoded_frames(container, stream, damage)), None)
-            except av.InvalidDataError:
+            except REFUSED:
                 if damage.key_at is None:
                     raise
                 # Rejected packets from the start, as many as decoded_frames allows in a row, key

@@ -2125,6 +2125,28 @@ def test_a_cut_beside_damaged_mjpeg_frames_is_still_found(bikes, tmp_path):
     assert [(c.start_frame, c.end_frame) for c in clips if c.kept] == [(0, 29), (34, 75), (80, 100)]
 
 
+def test_a_png_frame_whose_data_is_damaged_is_skipped_not_the_end_of_the_source(bikes, tmp_path):
+    """A screen recording or an editor's export in PNG-in-MOV, with a byte changed inside the
+    compressed data of its first frame and of frame 50: FFmpeg's PNG decoder refuses each with zlib's
+    error, "Generic error in an external library", not "Invalid data". That was taken for an
+    unreadable file: the whole source was an error record. Now such a packet is skipped as any the
+    decoder refuses, and the record says so."""
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]  # 4 s at 25 fps, cuts at 30 and 76
+    _encode(tmp_path / "screen.mov", frames, fps=25, codec="png", pix_fmt="rgb24")
+    data = bytearray((tmp_path / "screen.mov").read_bytes())
+    pngs = [m.start() for m in re.finditer(b"\x89PNG\r\n\x1a\n", bytes(data))]  # each frame's PNG file
+    assert len(pngs) == 100
+    for i in (0, 50):
+        data[pngs[i] + 500] ^= 0xFF  # in its first IDAT chunk: its compressed pixels
+    (tmp_path / "damaged.mov").write_bytes(bytes(data))
+    cfg = _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5")
+    record, clips = process_source(str(tmp_path / "damaged.mov"), "damaged", cfg)
+    assert record["status"] == "ok" and record["codec"] == "png"
+    assert record["warning"] == "damaged stream: 2 packets could not be decoded and were skipped"
+    assert record["shots"] == [[0, 29], [29, 74], [74, 98]]  # frames 0 and 50 are gone
+    assert [c.kept for c in clips] == [True, True, True]
+
+
 @pytest.mark.parametrize("codec_threads", [1, 0])
 def test_no_frame_of_a_bit_flipped_h264_stretch_goes_into_a_kept_clip(bikes, tmp_path, codec_threads):
     """16 bytes of noise 30% into an H.264 mp4 break its frames 38 to 75. Where each worker decodes
