@@ -1018,6 +1018,44 @@ def test_a_vp9_decoder_that_refused_a_run_of_packets_decodes_again_from_the_next
     assert record["num_frames"] == len(copy) and any(c.kept for c in clips)
 
 
+@pytest.mark.parametrize("where", ["second cluster", "whole file"])
+def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_damaged(bikes, tmp_path, where):
+    """An HEVC MKV (as FFmpeg's muxer writes them, OBS's and HandBrake's recordings among them) with
+    5 bits flipped in its second cluster, which holds bikes.mp4's second shot, or 10 over the whole
+    file. HEVC's decoder decodes damaged data into broken pictures without a word: 46 of these 100
+    frames came out broken and unmarked, and went into a kept clip. FFmpeg's muxer writes a CRC-32
+    for each cluster; the frames of a cluster that fails it, and those predicted from them, are now
+    marked damaged, and the record says how many clusters failed. The shots either side still make
+    their clips. With the whole file damaged, the third cluster's key frame, shown after frames of
+    the second, was still left unmarked, until each damaged packet's time was kept apart."""
+    from curator import media
+
+    whole = tmp_path / "whole.mkv"
+    _encode(whole, [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25, codec="libx265",
+            x264_params="pools=1:frame-threads=1:log-level=error")
+    data, rng = bytearray(whole.read_bytes()), random.Random(0)
+    clusters = [m.start() for m in re.finditer(media.CLUSTER, bytes(data))]
+    assert len(clusters) == 3  # key frames at bikes.mp4's cuts, 30 and 76, start the second and third
+    span, flips, failed = ((clusters[1] + 100, clusters[2]), 5, 1) if where == "second cluster" else \
+        ((2000, len(data)), 10, 3)
+    for _ in range(flips):
+        data[rng.randrange(*span)] ^= 1 << rng.randrange(8)
+    path = tmp_path / "damaged.mkv"
+    path.write_bytes(bytes(data))
+    assert media.failed_clusters(str(whole)) == () and len(media.failed_clusters(str(path))) == failed
+    clean, copy = _clean_decode_by_time(whole), _clean_decode_by_time(path)
+    unlike = _unlike(copy, clean)
+    assert len(unlike) > 40 and not [pts for pts in unlike if not copy[pts][1]]
+    record, clips = process_source(str(path), "damaged", _cfg(tmp_path, tmp_path / "out", "clips.min_s=0.5"))
+    assert record["status"] == "ok"
+    assert record["warning"].endswith(f"{failed} clusters of the file failed their checksum (CRC-32)")
+    if where == "second cluster":
+        assert record["shots"] == [[0, 30], [30, 76], [76, 100]]
+        assert [(c.start_frame, c.end_frame) for c in clips if c.kept] == [(0, 29), (77, 100)]
+    else:
+        assert not any(c.kept for c in clips)
+
+
 @pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])
 def test_a_matroska_file_cut_short_keeps_every_frame_it_holds_whole(bikes, tmp_path, codec):
     """A Matroska (WebM) file cut short, as an interrupted download or recording leaves it. Its
