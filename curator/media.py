@@ -294,6 +294,8 @@ def _stand_in(path: str, size: int, mtime_ns: int) -> StandIn | None:
         return realigned_iso(path, boxes) or first_of_joined_isos(path, boxes) or iso_with_mended_index(path, boxes)
     if _is_flv_header(head) and (joined := first_of_joined_flvs(path)) is not None:
         return joined
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI " and (hidden := avi_without_a_damaged_index(path)) is not None:
+        return hidden
     return None if _opens(path) else iso_after_a_damaged_head(path) or matroska_after_bytes_before(path)
 
 
@@ -1002,6 +1004,56 @@ def first_of_joined_flvs(path: str) -> StandIn | None:
                 return None
             at += 11 + int.from_bytes(tag[1:4], "big") + 4
     return None
+
+
+def avi_without_a_damaged_index(path: str) -> StandIn | None:
+    """An AVI whose index (its idx1 chunk, last in the file) puts some frame or sound chunk past the
+    file's end (a damaged copy: a flipped high bit in an entry's offset), read with the index hidden,
+    its chunks in the order they are stored, as FFmpeg reads an AVI that has none; None for any other
+    file. FFmpeg's demuxer, sent past the end by one such entry of the sound's, ended the video there:
+    14 of a camera's 75 frames. AVIs of over 1 GB (OpenDML, whose own index FFmpeg reads first) are
+    left as they are, and so is an index whose first entry does not lead to its chunk (the place the
+    offsets count from is then unknown)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        movi = idx1 = None
+        at = 12  # after "RIFF", its size and "AVI "
+        while at + 8 <= size:  # the RIFF's chunks: hdrl, movi (LISTs), idx1, JUNK, ...
+            f.seek(at)
+            head = f.read(12)
+            kind, n = head[:4], int.from_bytes(head[4:8], "little")
+            if kind == b"LIST" and head[8:12] == b"hdrl" and b"indx" in f.read(min(n, 1 << 20)):
+                return None  # OpenDML
+            if kind == b"LIST" and head[8:12] == b"movi":
+                movi = at + 8  # where its "movi" is: idx1's offsets count from there (or from the file's start)
+            elif kind == b"idx1":
+                idx1 = (at, n)
+                break
+            at += 8 + n + (n & 1)
+        if movi is None or idx1 is None:
+            return None
+        f.seek(idx1[0] + 8)
+        table = f.read(min(idx1[1], size - idx1[0] - 8))
+    entries = np.frombuffer(table[:len(table) // 16 * 16],
+                            dtype=[("id", "S4"), ("flags", "<u4"), ("offset", "<u4"), ("size", "<u4")])
+    if not len(entries):
+        return None
+    first = entries[0]
+    base = next((b for b in (movi, 0) if _head_at(path, b + int(first["offset"]), 4) == first["id"]), None)
+    if base is None:
+        return None
+    past = int(np.count_nonzero(base + entries["offset"].astype(np.int64) + 8 + entries["size"] > size))
+    if not past:
+        return None
+    note = (f"its index (idx1) puts {past} of its {len(entries)} entries past the file's end (a damaged copy): "
+            "it was read without its index")
+    return StandIn(_Realigned(path, 0, 0, patches=((idx1[0], b"JUNK"),)), note=note)
+
+
+def _head_at(path: str, at: int, n: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(at)
+        return f.read(n)
 
 
 def _children(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:

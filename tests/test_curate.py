@@ -2139,6 +2139,41 @@ def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, t
     assert clips[2].reason.startswith("damaged")
 
 
+@pytest.mark.parametrize("entry", [40, 41])  # frame 20's, and the sound's after it
+def test_an_avi_whose_index_points_past_its_end_is_read_without_it(bikes, tmp_path, entry):
+    """A camera's Motion JPEG AVI with sound, one bit flipped high in one entry of its index (idx1,
+    the last chunk), so that it puts that chunk 64 MB past the file's end. FFmpeg's demuxer went
+    there and ended the video: 20 or 21 frames of 100. Now such an AVI is read with its index
+    hidden, its chunks in the order they are stored, and the record says why."""
+    path = tmp_path / "camera.avi"
+    with av.open(str(path), "w") as c:
+        video = c.add_stream("mjpeg", rate=25)
+        video.width, video.height, video.pix_fmt = 640, 272, "yuvj420p"
+        sound = c.add_stream("pcm_s16le", rate=16000, layout="mono")
+        for i, rgb in enumerate(bikes_frames(bikes)[:100]):  # 4 s at 25 fps, cuts at 30 and 76
+            c.mux(video.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+            quiet = av.AudioFrame.from_ndarray(np.zeros((1, 640), np.int16), format="s16", layout="mono")
+            quiet.sample_rate, quiet.pts = 16000, i * 640
+            c.mux(sound.encode(quiet))
+        c.mux([*video.encode(), *sound.encode()])
+    data = bytearray(path.read_bytes())
+    table = data.index(b"idx1") + 8
+    assert data[table + 16 * entry:][:4] == (b"00dc" if entry % 2 == 0 else b"01wb")  # video, then sound
+    data[table + 16 * entry + 8 + 3] ^= 0x40  # its offset, little-endian: the top byte
+    (tmp_path / "damaged.avi").write_bytes(bytes(data))
+    with av.open(str(tmp_path / "damaged.avi")) as c:
+        assert sum(1 for _ in c.decode(video=0)) < 25  # as FFmpeg reads it
+    cfg = _cfg(tmp_path, tmp_path / "out")
+    clean, clean_clips = process_source(str(path), "camera", cfg)
+    record, clips = process_source(str(tmp_path / "damaged.avi"), "damaged", cfg)
+    assert clean["warning"] is None and clean["shots"] == [[0, 30], [30, 76], [76, 100]]
+    assert (record["status"], record["num_frames"], record["shots"]) == ("ok", 100, clean["shots"])
+    assert record["warning"] == ("its index (idx1) puts 1 of its 200 entries past the file's end (a damaged copy): "
+                                 "it was read without its index")
+    assert [(c.start_frame, c.end_frame, c.kept) for c in clips] == \
+        [(c.start_frame, c.end_frame, c.kept) for c in clean_clips] == [(0, 29, True), (31, 75, True), (77, 100, False)]
+
+
 def test_a_cut_beside_damaged_mjpeg_frames_is_still_found(bikes, tmp_path):
     """The same camera file with noise in the frames just after its cuts (31, 33, 77 and 79): each
     damaged frame changes from the frame before it and to the frame after it about as much as a cut,
