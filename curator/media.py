@@ -340,6 +340,7 @@ def video_stream(container) -> av.VideoStream | None:
     naive way (`ffmpeg -i video -i thumb.jpg -map 0 -map 1`) is an unmarked one-frame stream,
     sometimes the first and the default: it is not the video."""
     streams = [s for s in container.streams.video if not s.disposition & av.stream.Disposition.attached_pic]
+    streams = [s for s in streams if s.codec_context is not None] or streams  # those FFmpeg has a decoder for
     if len(streams) < 2:
         return streams[0] if streams else None
     lengths = [_stated_length(container, s) for s in streams]
@@ -780,6 +781,9 @@ def probe(path: str) -> Probe:
             if stream is None:
                 what = "only a cover picture" if container.streams.video else "audio only or not a video"
                 raise MediaError(f"no video stream ({what})")
+            if stream.codec_context is None:  # PyAV's where FFmpeg has no decoder for the codec the header names
+                raise MediaError("its video stream's codec is none FFmpeg can decode: the header names an unknown one, "
+                                 "or is damaged where it names it")
             ctx = stream.codec_context
             damage = Damage().knowing(path)
             try:

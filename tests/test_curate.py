@@ -2114,6 +2114,22 @@ def test_a_raw_dv_file_is_curated_at_its_frame_rate_not_its_header_s_time_base(b
         assert c.streams.video[0].average_rate == 25 and c.streams.video[0].frames == 29
 
 
+def test_a_video_stream_whose_codec_ffmpeg_cannot_name_gets_a_clear_error(bikes, tmp_path):
+    """An MP4 whose sample description names a codec FFmpeg does not know (here a damaged "avc1"):
+    PyAV gives such a stream no codec context, and the record's error was Python's own,
+    "AttributeError: 'NoneType' object has no attribute 'codec'". Found among bit-flipped MP4s."""
+    _encode(tmp_path / "clip.mp4", [f[::2, ::2] for f in bikes_frames(bikes)[:25]], fps=25)
+    data = (tmp_path / "clip.mp4").read_bytes()
+    entry = data.index(b"avc1", data.index(b"stsd"))  # the sample entry's type, not the file type's brand
+    (tmp_path / "unknown.mp4").write_bytes(data[:entry] + b"avX1" + data[entry + 4:])
+    with av.open(str(tmp_path / "unknown.mp4")) as c:
+        assert c.streams.video[0].codec_context is None
+    record, clips = process_source(str(tmp_path / "unknown.mp4"), "unknown", _cfg(tmp_path, tmp_path / "out"))
+    assert (record["status"], clips) == ("error", [])
+    assert record["error"] == ("its video stream's codec is none FFmpeg can decode: the header names an unknown one, "
+                               "or is damaged where it names it")
+
+
 def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, tmp_path):
     """A camera's Motion JPEG AVI with noise over the middle of one frame's data (a bad sector, a
     flipped bit): FFmpeg's MJPEG decoder logs "bad vlc" and decodes the frame with broken blocks,
