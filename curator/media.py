@@ -856,9 +856,22 @@ def probe(path: str) -> Probe:
             raise MediaError("cannot read video: an MP4/MOV cut off in its media data, before the index (moov box) "
                              "that comes after it: an interrupted recording or download") from e
         said = isinstance(e, av.InvalidDataError) and not_a_video_kind(_head(path, 2048))
-        raise MediaError(f"cannot read video: {said or ffmpeg_message(e, path)}") from e
+        raise MediaError(f"cannot read video: {said or ffmpeg_message(e, path)}{HEADER_ERRORS.get(type(e), '')}") from e
     except (OSError, StopIteration, ValueError) as e:
         raise MediaError(f"cannot read video: {e}") from e
+
+
+# What FFmpeg's words mean where it failed to read a file's header, said after them: a count in an
+# MP4's index with its high bit flipped made it ask for memory ("Cannot allocate memory", as if the
+# machine had run out) or read past the file's end ("End of file"); a flipped flag, a feature it
+# does not implement ("Not yet implemented in FFmpeg, patches welcome").
+HEADER_ERRORS = {
+    av.EOFError: ": the file ends where its header says more follows (a size or count in the header is damaged, "
+                 "or the file was cut short)",
+    av.MemoryError: ": its header states a size or count too large for any video (a damaged header)",
+    av.PatchWelcomeError: ": its header asks for what FFmpeg does not read (a damaged header, or a kind of file "
+                          "FFmpeg does not support)",
+}
 
 
 APPLE_DOUBLE = b"\x00\x05\x16\x07"  # the magic number of the `._name` files a Mac writes beside a file it copies

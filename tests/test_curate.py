@@ -2130,6 +2130,26 @@ def test_a_video_stream_whose_codec_ffmpeg_cannot_name_gets_a_clear_error(bikes,
                                "or is damaged where it names it")
 
 
+@pytest.mark.parametrize(("box", "at", "bit", "said"), [
+    (b"stts", 8, 0x80, "Cannot allocate memory: its header states a size or count too large for any video"),
+    (b"stts", 8, 0x01, "End of file: the file ends where its header says more follows"),
+    (b"mdhd", 4, 0x80, "Not yet implemented in FFmpeg, patches welcome: its header asks for what FFmpeg does not read"),
+])
+def test_a_header_ffmpeg_fails_on_gets_an_error_that_says_it_is_damaged(bikes, tmp_path, box, at, bit, said):
+    """A fragmented MP4 (a screen recorder's, a stream's) with one bit flipped in its index: the
+    count of its decoding times' entries (2^31 or 2^24 of them), or its media header's version.
+    FFmpeg fails to open it with words that do not say the file is damaged ("Cannot allocate
+    memory", as if the machine had run out); the record's error now says what they mean here."""
+    path = tmp_path / "recording.mp4"
+    _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:25]], fps=25,
+            container_options={"movflags": "frag_keyframe+empty_moov"})
+    data = bytearray(path.read_bytes())
+    data[data.index(box) + at] ^= bit  # after the box's type: its version (and flags), then its entry count
+    (tmp_path / "damaged.mp4").write_bytes(bytes(data))
+    record, _ = process_source(str(tmp_path / "damaged.mp4"), "damaged", _cfg(tmp_path, tmp_path / "out"))
+    assert record["status"] == "error" and record["error"].startswith(f"cannot read video: {said}"), record["error"]
+
+
 def test_a_damaged_frame_of_a_camera_s_mjpeg_file_is_dropped_as_damaged(bikes, tmp_path):
     """A camera's Motion JPEG AVI with noise over the middle of one frame's data (a bad sector, a
     flipped bit): FFmpeg's MJPEG decoder logs "bad vlc" and decodes the frame with broken blocks,
