@@ -434,9 +434,9 @@ def packets(container, stream) -> Iterator[av.Packet]:
 
 # Decoders that, besides those of intra-only formats, tell of damage only in their log: the MS-MPEG-4
 # family's, Windows Media Video 7 and 8 among them ("dc overflow" in a damaged WMV2 file). Found by
-# damaging files of each kind FFmpeg writes: H.264, HEVC, MPEG-1/2/4, H.263, VP9 and AV1 reject the
-# packet or mark the frame corrupt, and their logs also hold errors of no damage ("mmco: unref short
-# failure"), so they are not read. VP8's decoder says nothing at all.
+# damaging files of each kind FFmpeg writes: H.264, MPEG-1/2/4, H.263 and AV1 reject the packet or
+# mark the frame corrupt, and their logs also hold errors of no damage ("mmco: unref short
+# failure"), so they are not read. HEVC's, VP8's and VP9's mostly say nothing at all (SILENT_DECODERS).
 # B-frames held back at most, until the frame after them that they are predicted from is decoded
 # (H.264 allows 16 in a row); more in a row are frames of a stream coded all in B-slices.
 MAX_HELD_B = 16
