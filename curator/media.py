@@ -541,6 +541,58 @@ def ts_cut_short(path: str, pid: int) -> bool:
 TS_TAIL = 64 << 10  # bytes at the end of a .ts searched for the video's last transport packet
 
 
+def ends_inside(path: str) -> str | None:
+    """What the file at `path` ends inside, where its container frames its data in units that state
+    their own length and the last is cut off: the file was cut short (a download or copy stopped
+    part-way). An MPEG-TS (or M2TS) transport packet, an Ogg page, an FLV tag, a Matroska segment
+    (where its size is stated). Such files state no duration to compare with, or one the cut did not
+    reach (a Matroska file's, in the header, where the frames' times run slower), and their demuxers
+    end without a word. None where the file ends at a unit's end, or is none of these."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            head = f.read(64)
+            f.seek(max(0, size - TS_TAIL))
+            tail = f.read()
+    except OSError:
+        return None
+    n = len(tail)
+    if head.startswith(EBML):  # Matroska, WebM: the segment's size, unless unknown (a live recording's)
+        header = _ebml_size(head, 4)
+        at = 4 + header[1] + header[0] if header else len(head)
+        segment = _ebml_size(head, at + 4) if head[at:at + 4] == SEGMENT else None
+        if segment is not None and segment[0] != (1 << 7 * segment[1]) - 1 and \
+                at + 4 + segment[1] + segment[0] > size:
+            return f"its segment ({size} of the {at + 4 + segment[1] + segment[0]} bytes its header states)"
+        return None
+    if head.startswith(b"OggS"):
+        page = tail.rfind(b"OggS\x00")  # the last page's header (its capture pattern, version 0)
+        if page >= 0 and (page + 27 > n or page + 27 + tail[page + 26] > n or
+                          page + 27 + tail[page + 26] + sum(tail[page + 27:page + 27 + tail[page + 26]]) > n):
+            return "an Ogg page"
+        return None
+    if _is_flv_header(head):
+        for at, tag in _flv_tags(path):
+            if tag[0] & 0x1F not in FLV_TAGS:
+                return None  # bytes that are no tag (damage, a second file joined on): not a cut
+            if len(tag) < 11 or at + 11 + int.from_bytes(tag[1:4], "big") > size:
+                # Its header or its data cut off; or its size damaged, where a tag's "previous tag size"
+                # (11 bytes more than its data) follows some bytes on, as it would after this one.
+                return None if _flv_tag_ends_before(path, at, size) else "an FLV tag"
+        return None
+    for packet, at in TS_PACKETS:
+        if head[at:at + 1] != b"\x47" or head[at + packet:at + packet + 1] not in (b"\x47", b""):
+            continue
+        # The last packet's sync byte: the last of three a packet apart on the file's grid of packets.
+        grid = (size - n) % packet  # the tail's offset from the grid
+        sync = next((i for i in range(n - 1, 2 * packet - 1, -1) if (grid + i - at) % packet == 0
+                     and tail[i] == tail[i - packet] == tail[i - 2 * packet] == 0x47), None)
+        if sync is not None:
+            return "an MPEG-TS packet" if sync - at + packet != n else None
+    return None
+
+
 def _stuffed(packet: bytes) -> bool:
     """Whether a 188-byte transport packet fills out its payload with stuffing bytes in its
     adaptation field, as the last packet of a PES packet does unless its data fits exactly."""
@@ -1009,18 +1061,42 @@ def first_of_joined_flvs(path: str) -> StandIn | None:
     the second file's header without a word. The tags are walked from the first header: each is 11
     bytes of header, its data and 4 bytes of the size before the next. A walk that meets bytes that
     are no tag ends there (damage, or the end of the file)."""
+    for at, tag in _flv_tags(path):
+        if _is_flv_header(tag):
+            return _first_of_joined(path, at, "FLV file")
+        if len(tag) < 11 or tag[0] & 0x1F not in FLV_TAGS:
+            return None
+    return None
+
+
+def _flv_tag_ends_before(path: str, at: int, size: int, within: int = 64 << 20) -> bool:
+    """Whether the FLV tag at byte `at`, whose stated size runs past the file's end (`size`), ends
+    before it all the same: some bytes on, the 4 bytes of a "previous tag size" state as many bytes
+    back to `at` and a tag's type follows them. A damaged size, not the file cut short."""
+    with open(path, "rb") as f:
+        f.seek(at + 11)
+        rest = np.frombuffer(f.read(min(size - at - 11, within)), dtype=np.uint8)
+    if len(rest) < 5:
+        return False
+    # stated[k]: the 4 bytes from rest[k] as a number, big-endian
+    stated = (rest[:-4].astype(np.uint32) << 24 | rest[1:-3].astype(np.uint32) << 16
+              | rest[2:-2].astype(np.uint32) << 8 | rest[3:-1].astype(np.uint32))
+    types = rest[4:] & 0x1F
+    return bool(np.any((stated == np.arange(len(stated)) + 11) & np.isin(types, list(FLV_TAGS))))
+
+
+def _flv_tags(path: str) -> Iterator[tuple[int, bytes]]:
+    """(where it starts, its 11 bytes of header: type, data size, time, stream) of each tag of the FLV
+    file at `path`, walked from the file's header by the sizes they state, to the file's end: the
+    last header may be cut short (fewer bytes). The caller stops the walk where bytes are no tag."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         at = 9 + 4  # the header, then the first tag's "previous tag size" (0)
-        while at + 11 <= size:
+        while at < size:
             f.seek(at)
             tag = f.read(11)
-            if _is_flv_header(tag):
-                return _first_of_joined(path, at, "FLV file")
-            if tag[0] & 0x1F not in FLV_TAGS:
-                return None
+            yield at, tag
             at += 11 + int.from_bytes(tag[1:4], "big") + 4
-    return None
 
 
 def avi_without_a_damaged_index(path: str) -> StandIn | None:

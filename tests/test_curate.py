@@ -1056,6 +1056,38 @@ def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_da
         assert not any(c.kept for c in clips)
 
 
+@pytest.mark.parametrize(("ext", "inside"), [("ts", "an MPEG-TS packet"), ("flv", "an FLV tag"),
+                                              ("mkv", "its segment (")])
+def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path, ext, inside):
+    """An MPEG-TS recording, an FLV and an MKV cut short at 70% of their bytes, as a download or copy
+    stopped part-way leaves them. A TS file states no duration to compare with (FFmpeg guesses one
+    from what is there), and an FLV or MKV with sound, or frames at a variable rate, can state one
+    that the cut does not reach far enough below (bytes/s vary): the record said nothing of the cut
+    (so for a TS, an FLV with sound and an MKV at a variable rate in a sweep of damaged files). Each
+    frames its data in units that state their own length (a transport packet of 188 bytes, a tag, the
+    segment), and the last one now tells that the file ends inside it."""
+    from curator import media
+
+    _encode(tmp_path / f"whole.{ext}", [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25)
+    data = (tmp_path / f"whole.{ext}").read_bytes()
+    (tmp_path / f"cut.{ext}").write_bytes(data[:len(data) * 7 // 10 | 1])  # an odd length: inside a unit
+    assert media.ends_inside(str(tmp_path / f"whole.{ext}")) is None
+    assert media.ends_inside(str(tmp_path / f"cut.{ext}")).startswith(inside)
+    if ext == "flv":  # a tag whose size is damaged (a high bit set) runs past the end too, but is no cut
+        at = [at for at, _ in media._flv_tags(str(tmp_path / "whole.flv"))][10]
+        damaged = bytearray(data)
+        damaged[at + 1] |= 0x40
+        (tmp_path / "damaged.flv").write_bytes(bytes(damaged))
+        assert media.ends_inside(str(tmp_path / "damaged.flv")) is None
+    if ext == "ts":  # the record's warning, where no other line said it (FLV and MKV here state a duration)
+        cfg = _cfg(tmp_path, tmp_path / "out")
+        whole, _ = process_source(str(tmp_path / f"whole.{ext}"), "whole", cfg)
+        record, _ = process_source(str(tmp_path / f"cut.{ext}"), "cut", cfg)
+        assert whole["warning"] is None and record["status"] == "ok" and record["num_frames"] < 100
+        assert record["warning"].endswith("the file ends inside an MPEG-TS packet: it was cut short (an interrupted "
+                                          "download or copy), and what came after is lost")
+
+
 @pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])
 def test_a_matroska_file_cut_short_keeps_every_frame_it_holds_whole(bikes, tmp_path, codec):
     """A Matroska (WebM) file cut short, as an interrupted download or recording leaves it. Its
