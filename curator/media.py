@@ -572,6 +572,18 @@ def ends_inside(path: str) -> str | None:
                           page + 27 + tail[page + 26] + sum(tail[page + 27:page + 27 + tail[page + 26]]) > n):
             return "an Ogg page"
         return None
+    if head[4:8] == b"ftyp" and stand_in(path) is None:  # an MP4 read as it is: its last box (a fragment's)
+        boxes = _top_level(path)
+        if boxes and boxes[-1][1] + boxes[-1][2] > size:
+            return f"its last box ({boxes[-1][0]}, {size - boxes[-1][1]} of the {boxes[-1][2]} bytes it states)"
+        return None
+    if head.startswith(ASF_HEADER):
+        return _asf_ends_inside(path, size)
+    if head[:3] == b"\x1f\x07\x00" and head[3] in (0x3F, 0xBF):  # a raw DV file: frames of a fixed size
+        frame = 144000 if head[3] & 0x80 else 120000  # 625 lines (PAL) or 525 (NTSC)
+        return "a DV frame" if size % frame else None
+    if head.startswith(PACK_START):
+        return "an MPEG program stream packet" if _ps_ends_inside(tail) else None
     if _is_flv_header(head):
         for at, tag in _flv_tags(path):
             if tag[0] & 0x1F not in FLV_TAGS:
@@ -1067,6 +1079,49 @@ def first_of_joined_flvs(path: str) -> StandIn | None:
         if len(tag) < 11 or tag[0] & 0x1F not in FLV_TAGS:
             return None
     return None
+
+
+ASF_HEADER = bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c")  # a WMV's (ASF) header object's GUID
+ASF_FILE_PROPERTIES = bytes.fromhex("a1dcab8c47a9cf118ee400c00c205365")
+PACK_START = b"\x00\x00\x01\xba"  # an MPEG program stream's pack header (.mpg, .vob, .mod)
+
+
+def _asf_ends_inside(path: str, size: int) -> str | None:
+    """Where the ASF (WMV, WMA) file at `path` holds fewer bytes than its header's file properties
+    state (unless it is a live broadcast's, whose size is not known when its header is written)."""
+    head = _head(path, 64 << 10)
+    at = head.find(ASF_FILE_PROPERTIES)
+    if at < 0 or at + 92 > len(head):
+        return None
+    stated = int.from_bytes(head[at + 40:at + 48], "little")
+    broadcast = head[at + 88] & 0x01
+    return f"its data ({size} of the {stated} bytes its header states)" if not broadcast and size < stated else None
+
+
+def _ps_ends_inside(tail: bytes) -> bool:
+    """Whether an MPEG program stream whose last bytes are `tail` ends inside a packet: walked from
+    its last pack header, each packet states its length (a pack header its stuffing)."""
+    at = tail.rfind(PACK_START)
+    n = len(tail)
+    while 0 <= at < n:
+        if n - at < 4:
+            return True
+        if tail[at:at + 3] != b"\x00\x00\x01":
+            return False  # no start code where a packet should start: not known
+        code = tail[at + 3]
+        if code == 0xBA:  # a pack header: MPEG-2's is 14 bytes and its stuffing, MPEG-1's 12
+            if n - at < 14:
+                return True
+            at += 14 + (tail[at + 13] & 0x07) if tail[at + 4] >> 6 == 1 else 12
+        elif code == 0xB9:  # the program's end code
+            at += 4
+        elif code >= 0xBB:  # the system header, or a PES packet: 2 bytes of length follow
+            if n - at < 6:
+                return True
+            at += 6 + int.from_bytes(tail[at + 4:at + 6], "big")
+        else:
+            return False
+    return at > n
 
 
 def _flv_tag_ends_before(path: str, at: int, size: int, within: int = 64 << 20) -> bool:

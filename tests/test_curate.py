@@ -1056,19 +1056,28 @@ def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_da
         assert not any(c.kept for c in clips)
 
 
-@pytest.mark.parametrize(("ext", "inside"), [("ts", "an MPEG-TS packet"), ("flv", "an FLV tag"),
-                                              ("mkv", "its segment (")])
-def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path, ext, inside):
-    """An MPEG-TS recording, an FLV and an MKV cut short at 70% of their bytes, as a download or copy
-    stopped part-way leaves them. A TS file states no duration to compare with (FFmpeg guesses one
-    from what is there), and an FLV or MKV with sound, or frames at a variable rate, can state one
-    that the cut does not reach far enough below (bytes/s vary): the record said nothing of the cut
-    (so for a TS, an FLV with sound and an MKV at a variable rate in a sweep of damaged files). Each
-    frames its data in units that state their own length (a transport packet of 188 bytes, a tag, the
-    segment), and the last one now tells that the file ends inside it."""
+@pytest.mark.parametrize(("ext", "codec", "inside"), [
+    ("ts", "libx264", "an MPEG-TS packet"), ("flv", "libx264", "an FLV tag"), ("mkv", "libx264", "its segment ("),
+    ("frag.mp4", "libx264", "its last box (mdat, "), ("wmv", "wmv2", "its data ("), ("dv", "dvvideo", "a DV frame"),
+    ("mpg", "mpeg2video", "an MPEG program stream packet")])
+def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path, ext, codec, inside):
+    """Files cut short at 70% of their bytes, as a download or copy stopped part-way leaves them. An
+    MPEG-TS, an MPEG program stream (a DVD's, an old camcorder's) or a raw DV states no duration to
+    compare the frames decoded with, and a fragmented MP4 (a screen recorder's, a stream's download),
+    an FLV, MKV or WMV with sound, or with frames at a variable rate, can state none or one that the
+    cut does not reach far enough below (bytes a second vary): the record said nothing of the cut (so
+    for 28 of 84 files cut short in a sweep of damaged files). Each frames its data in units that state their
+    own length (a transport packet of 188 bytes, a PES packet, a DV frame, a tag, a box, the segment,
+    the ASF file's size), and the last one now tells that the file ends inside it."""
     from curator import media
 
-    _encode(tmp_path / f"whole.{ext}", [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25)
+    frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
+    options = {}
+    if ext == "dv":
+        frames = [np.pad(f, ((0, 576 - f.shape[0]), (0, 720 - f.shape[1]), (0, 0))) for f in frames]  # PAL's size
+    if ext == "frag.mp4":
+        options = {"movflags": "frag_keyframe+empty_moov"}
+    _encode(tmp_path / f"whole.{ext}", frames, fps=25, codec=codec, container_options=options)
     data = (tmp_path / f"whole.{ext}").read_bytes()
     (tmp_path / f"cut.{ext}").write_bytes(data[:len(data) * 7 // 10 | 1])  # an odd length: inside a unit
     assert media.ends_inside(str(tmp_path / f"whole.{ext}")) is None
@@ -1079,13 +1088,13 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         damaged[at + 1] |= 0x40
         (tmp_path / "damaged.flv").write_bytes(bytes(damaged))
         assert media.ends_inside(str(tmp_path / "damaged.flv")) is None
-    if ext == "ts":  # the record's warning, where no other line said it (FLV and MKV here state a duration)
+    if ext == "ts":  # the record's warning, where no other line said it (these others state a duration)
         cfg = _cfg(tmp_path, tmp_path / "out")
         whole, _ = process_source(str(tmp_path / f"whole.{ext}"), "whole", cfg)
         record, _ = process_source(str(tmp_path / f"cut.{ext}"), "cut", cfg)
         assert whole["warning"] is None and record["status"] == "ok" and record["num_frames"] < 100
-        assert record["warning"].endswith("the file ends inside an MPEG-TS packet: it was cut short (an interrupted "
-                                          "download or copy), and what came after is lost")
+        assert record["warning"].endswith("it was cut short (an interrupted download or copy), and what came after "
+                                          "is lost") and f"the file ends inside {inside}" in record["warning"]
 
 
 @pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])
