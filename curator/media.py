@@ -101,11 +101,12 @@ def open_input(source) -> av.container.InputContainer:
     return av.open(source, "r", metadata_errors="replace", options=options)
 
 
-def _head(path, size: int) -> bytes:
-    """The first `size` bytes of the file at `path` (fewer in a shorter one); none where it cannot be
-    read: av.open says why."""
+def _head(path, size: int, at: int = 0) -> bytes:
+    """The first `size` bytes of the file at `path` (fewer in a shorter one), or those from its byte
+    `at`; none where it cannot be read: av.open says why."""
     try:
         with open(path, "rb") as f:
+            f.seek(at)
             return f.read(size)
     except OSError:
         return b""
@@ -544,27 +545,26 @@ TS_TAIL = 64 << 10  # bytes at the end of a .ts searched for the video's last tr
 def ends_inside(path: str) -> str | None:
     """What the file at `path` ends inside, where its container frames its data in units that state
     their own length and the last is cut off: the file was cut short (a download or copy stopped
-    part-way). An MPEG-TS (or M2TS) transport packet, an Ogg page, an FLV tag, a Matroska segment
-    (where its size is stated). Such files state no duration to compare with, or one the cut did not
-    reach (a Matroska file's, in the header, where the frames' times run slower), and their demuxers
-    end without a word. None where the file ends at a unit's end, or is none of these."""
+    part-way). A Matroska segment or an ASF (WMV) file of stated size, an Ogg page, an MP4's last box
+    (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, an MPEG program stream's
+    packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet. Such files state no duration to
+    compare the frames decoded with, or one the cut did not reach far enough below (the sound's, or
+    where the frames' times run slower), and their demuxers end without a word. None where the file
+    ends at a unit's end, or is none of these."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
-            head = f.read(64)
+            head = f.read(MATROSKA_HEAD)
             f.seek(max(0, size - TS_TAIL))
             tail = f.read()
     except OSError:
         return None
     n = len(tail)
     if head.startswith(EBML):  # Matroska, WebM: the segment's size, unless unknown (a live recording's)
-        header = _ebml_size(head, 4)
-        at = 4 + header[1] + header[0] if header else len(head)
-        segment = _ebml_size(head, at + 4) if head[at:at + 4] == SEGMENT else None
-        if segment is not None and segment[0] != (1 << 7 * segment[1]) - 1 and \
-                at + 4 + segment[1] + segment[0] > size:
-            return f"its segment ({size} of the {at + 4 + segment[1] + segment[0]} bytes its header states)"
+        segment = _matroska_segment(head)
+        if segment is not None and segment[1] is not None and sum(segment) > size:
+            return f"its segment ({size} of the {sum(segment)} bytes its header states)"
         return None
     if head.startswith(b"OggS"):
         page = tail.rfind(b"OggS\x00")  # the last page's header (its capture pattern, version 0)
@@ -708,10 +708,9 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
     key_pts: set | None = set() if _codec_name(ctx) == "av1" else None
     failed = failed_clusters(container.name) if _codec_name(ctx) in SILENT_DECODERS and \
         container.format.name.startswith("matroska") else ()
-    failed_starts = [start for start, _ in failed]
     for packet, lost in lost_data(packets(container, stream), logs, container.format.name, ends_cut):
         if failed and packet.pos is not None and packet.pos >= 0:
-            i = bisect.bisect_right(failed_starts, packet.pos) - 1
+            i = bisect.bisect_right(failed, packet.pos, key=lambda cluster: cluster[0]) - 1
             if i >= 0 and packet.pos < failed[i][1]:  # in a cluster that failed its checksum: damaged data
                 lost = True
                 damage.failed_clusters.add(failed[i][0])
@@ -1187,7 +1186,7 @@ def avi_without_a_damaged_index(path: str) -> StandIn | None:
     if not len(entries):
         return None
     first = entries[0]
-    base = next((b for b in (movi, 0) if _head_at(path, b + int(first["offset"]), 4) == first["id"]), None)
+    base = next((b for b in (movi, 0) if _head(path, 4, b + int(first["offset"])) == first["id"]), None)
     if base is None:
         return None
     past = int(np.count_nonzero(base + entries["offset"].astype(np.int64) + 8 + entries["size"] > size))
@@ -1196,12 +1195,6 @@ def avi_without_a_damaged_index(path: str) -> StandIn | None:
     note = (f"its index (idx1) puts {past} of its {len(entries)} entries past the file's end (a damaged copy): "
             "it was read without its index")
     return StandIn(_Realigned(path, 0, 0, patches=((idx1[0], b"JUNK"),)), note=note)
-
-
-def _head_at(path: str, at: int, n: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(at)
-        return f.read(n)
 
 
 def _children(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
@@ -1626,17 +1619,10 @@ def _failed_clusters(path: str, size: int, _mtime_ns: int) -> tuple[tuple[int, i
     failed = []
     try:
         with open(path, "rb") as f:
-            head = f.read(64)
-            header = _ebml_size(head, 4) if head.startswith(EBML) else None
-            if header is None:
+            segment = _matroska_segment(f.read(MATROSKA_HEAD))
+            if segment is None:
                 return ()
-            at = 4 + header[1] + header[0]
-            f.seek(at)
-            segment = f.read(12)
-            segment_size = _ebml_size(segment, 4) if segment.startswith(SEGMENT) else None
-            if segment_size is None:
-                return ()
-            at += 4 + segment_size[1]
+            at = segment[0]
             while at < size:  # the segment's elements, one after the other
                 f.seek(at)
                 element = f.read(12)
@@ -1646,7 +1632,7 @@ def _failed_clusters(path: str, size: int, _mtime_ns: int) -> tuple[tuple[int, i
                     break
                 n, size_bytes = stated
                 body = at + id_bytes + size_bytes
-                if n == (1 << 7 * size_bytes) - 1 or body + n > size:  # a size unknown, or past the end
+                if _unknown(n, size_bytes) or body + n > size:
                     break
                 if element[:id_bytes] == CLUSTER and element[id_bytes + size_bytes:][:2] == CRC32:
                     f.seek(body)
@@ -1657,6 +1643,28 @@ def _failed_clusters(path: str, size: int, _mtime_ns: int) -> tuple[tuple[int, i
     except OSError:
         return tuple(failed)
     return tuple(failed)
+
+
+MATROSKA_HEAD = 256  # bytes read for a Matroska file's EBML header and its segment's ID and size
+
+
+def _matroska_segment(head: bytes) -> tuple[int, int | None] | None:
+    """Of a Matroska (WebM) file whose first bytes are `head`: where its segment's content starts, and
+    the size the segment states (None where unknown: a live recording's, written as it went); None
+    for any other file, or a header that does not fit in `head`."""
+    header = _ebml_size(head, 4) if head.startswith(EBML) else None
+    if header is None:
+        return None
+    at = 4 + header[1] + header[0]
+    size = _ebml_size(head, at + 4) if head[at:at + 4] == SEGMENT else None
+    if size is None:
+        return None
+    return at + 4 + size[1], None if _unknown(*size) else size[0]
+
+
+def _unknown(value: int, length: int) -> bool:
+    """Whether an EBML size `value` written in `length` bytes is the one that means "unknown": all ones."""
+    return value == (1 << 7 * length) - 1
 
 
 def _sample_check(stream) -> Callable[[bytes], bool] | None:
