@@ -584,6 +584,8 @@ def ends_inside(path: str) -> str | None:
         return "a DV frame" if size % frame else None
     if head.startswith(PACK_START):
         return "an MPEG program stream packet" if _ps_ends_inside(tail) else None
+    if head.startswith(Y4M):
+        return _y4m_ends_inside(path, size, head)
     if _is_flv_header(head):
         for at, tag in _flv_tags(path):
             if tag[0] & 0x1F not in FLV_TAGS:
@@ -1095,6 +1097,63 @@ def _asf_ends_inside(path: str, size: int) -> str | None:
     stated = int.from_bytes(head[at + 40:at + 48], "little")
     broadcast = head[at + 88] & 0x01
     return f"its data ({size} of the {stated} bytes its header states)" if not broadcast and size < stated else None
+
+
+Y4M = b"YUV4MPEG2 "
+# A Y4M's colour spaces (its header's C, 420jpeg without one), as FFmpeg reads them: (planes, the
+# chroma planes' width and height divisors); "420p10" and the like take 2 bytes a sample.
+Y4M_SPACES = {"mono": (1, 1, 1), "411": (3, 4, 1), "420": (3, 2, 2), "422": (3, 2, 1), "444": (3, 1, 1),
+              "444alpha": (4, 1, 1)}
+Y4M_FRAME = b"FRAME"
+
+
+def _y4m_frame_bytes(header: bytes) -> int | None:
+    """The bytes of each picture of a Y4M whose header line is `header`; None for a size or colour
+    space not known (a damaged header: FFmpeg says so)."""
+    fields = {f[:1]: f[1:] for f in header.split()[1:]}
+    try:
+        w, h = int(fields[b"W"]), int(fields[b"H"])
+        space = fields.get(b"C", b"420jpeg").decode("ascii")
+    except (KeyError, ValueError, UnicodeDecodeError):
+        return None
+    name, bits = space, ""
+    if space in ("420jpeg", "420mpeg2", "420paldv"):  # where the chroma samples sit
+        name = "420"
+    elif space.startswith("mono"):  # "mono16": bits a sample
+        name, bits = "mono", space[4:]
+    elif space not in Y4M_SPACES:  # "420p10"
+        name, _, bits = space.partition("p")
+    if name not in Y4M_SPACES or w <= 0 or h <= 0 or (bits and not bits.isdigit()):
+        return None
+    planes, dx, dy = Y4M_SPACES[name]
+    sample = 2 if bits and int(bits) > 8 else 1
+    chroma = -(-w // dx) * -(-h // dy) if planes > 1 else 0
+    return sample * (w * h * (1 + (planes == 4)) + 2 * chroma)
+
+
+def _y4m_ends_inside(path: str, size: int, head: bytes) -> str | None:
+    """Where a Y4M file (raw pictures, each behind a FRAME line) ends inside a picture or its line,
+    walked picture by picture from its header line; None where it ends at one's end, or where no
+    FRAME line is where one should be (damage, not a cut)."""
+    end = head.find(b"\n")
+    picture = _y4m_frame_bytes(head[:end]) if end > 0 else None
+    if picture is None:
+        return None
+    at = end + 1
+    try:
+        with open(path, "rb") as f:
+            while at < size:
+                f.seek(at)
+                line = f.read(256)
+                if not line.startswith(Y4M_FRAME[:len(line)]):
+                    return None
+                nl = line.find(b"\n")
+                if nl < 0:
+                    return "a Y4M frame's line" if at + len(line) >= size else None
+                at += nl + 1 + picture
+    except OSError:
+        return None
+    return f"a Y4M frame ({picture - (at - size)} of its {picture} bytes)" if at > size else None
 
 
 def _ps_ends_inside(tail: bytes) -> bool:

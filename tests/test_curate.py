@@ -1059,16 +1059,17 @@ def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_da
 @pytest.mark.parametrize(("ext", "codec", "inside"), [
     ("ts", "libx264", "an MPEG-TS packet"), ("flv", "libx264", "an FLV tag"), ("mkv", "libx264", "its segment ("),
     ("frag.mp4", "libx264", "its last box (mdat, "), ("wmv", "wmv2", "its data ("), ("dv", "dvvideo", "a DV frame"),
-    ("mpg", "mpeg2video", "an MPEG program stream packet")])
+    ("mpg", "mpeg2video", "an MPEG program stream packet"), ("y4m", "rawvideo", "a Y4M frame (")])
 def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path, ext, codec, inside):
     """Files cut short at 70% of their bytes, as a download or copy stopped part-way leaves them. An
-    MPEG-TS, an MPEG program stream (a DVD's, an old camcorder's) or a raw DV states no duration to
+    MPEG-TS, an MPEG program stream (a DVD's, an old camcorder's), a raw DV or a Y4M states no duration to
     compare the frames decoded with, and a fragmented MP4 (a screen recorder's, a stream's download),
     an FLV, MKV or WMV with sound, or with frames at a variable rate, can state none or one that the
     cut does not reach far enough below (bytes a second vary): the record said nothing of the cut (so
     for 28 of 84 files cut short in a sweep of damaged files). Each frames its data in units that state their
-    own length (a transport packet of 188 bytes, a PES packet, a DV frame, a tag, a box, the segment,
-    the ASF file's size), and the last one now tells that the file ends inside it."""
+    own length (a transport packet of 188 bytes, a PES packet, a DV frame, a Y4M picture of its header's
+    size, a tag, a box, the segment, the ASF file's size), and the last one now tells that the file ends
+    inside it."""
     from curator import media
 
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
@@ -1088,7 +1089,7 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         damaged[at + 1] |= 0x40
         (tmp_path / "damaged.flv").write_bytes(bytes(damaged))
         assert media.ends_inside(str(tmp_path / "damaged.flv")) is None
-    if ext == "ts":  # the record's warning, where no other line said it (these others state a duration)
+    if ext in ("ts", "y4m"):  # the record's warning, where no other line said it (the others state a duration)
         cfg = _cfg(tmp_path, tmp_path / "out")
         whole, _ = process_source(str(tmp_path / f"whole.{ext}"), "whole", cfg)
         record, _ = process_source(str(tmp_path / f"cut.{ext}"), "cut", cfg)
