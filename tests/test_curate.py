@@ -1028,13 +1028,13 @@ def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_da
     marked damaged, and the record says how many clusters failed. The shots either side still make
     their clips. With the whole file damaged, the third cluster's key frame, shown after frames of
     the second, was still left unmarked, until each damaged packet's time was kept apart."""
-    from curator import media
+    from curator import containers
 
     whole = tmp_path / "whole.mkv"
     _encode(whole, [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25, codec="libx265",
             x264_params="pools=1:frame-threads=1:log-level=error")
     data, rng = bytearray(whole.read_bytes()), random.Random(0)
-    clusters = [m.start() for m in re.finditer(media.CLUSTER, bytes(data))]
+    clusters = [m.start() for m in re.finditer(containers.CLUSTER, bytes(data))]
     assert len(clusters) == 3  # key frames at bikes.mp4's cuts, 30 and 76, start the second and third
     span, flips, failed = ((clusters[1] + 100, clusters[2]), 5, 1) if where == "second cluster" else \
         ((2000, len(data)), 10, 3)
@@ -1042,7 +1042,7 @@ def test_hevc_frames_in_a_matroska_cluster_that_fails_its_checksum_are_marked_da
         data[rng.randrange(*span)] ^= 1 << rng.randrange(8)
     path = tmp_path / "damaged.mkv"
     path.write_bytes(bytes(data))
-    assert media.failed_clusters(str(whole)) == () and len(media.failed_clusters(str(path))) == failed
+    assert containers.failed_clusters(str(whole)) == () and len(containers.failed_clusters(str(path))) == failed
     clean, copy = _clean_decode_by_time(whole), _clean_decode_by_time(path)
     unlike = _unlike(copy, clean)
     assert len(unlike) > 40 and not [pts for pts in unlike if not copy[pts][1]]
@@ -1070,7 +1070,7 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
     own length (a transport packet of 188 bytes, a PES packet, a DV frame, a Y4M picture of its header's
     size, a tag, a box, the segment, the ASF file's size), and the last one now tells that the file ends
     inside it."""
-    from curator import media
+    from curator import containers
 
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
     options = {}
@@ -1081,14 +1081,14 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
     _encode(tmp_path / f"whole.{ext}", frames, fps=25, codec=codec, container_options=options)
     data = (tmp_path / f"whole.{ext}").read_bytes()
     (tmp_path / f"cut.{ext}").write_bytes(data[:len(data) * 7 // 10 | 1])  # an odd length: inside a unit
-    assert media.ends_inside(str(tmp_path / f"whole.{ext}")) is None
-    assert media.ends_inside(str(tmp_path / f"cut.{ext}")).startswith(inside)
+    assert containers.ends_inside(str(tmp_path / f"whole.{ext}")) is None
+    assert containers.ends_inside(str(tmp_path / f"cut.{ext}")).startswith(inside)
     if ext == "flv":  # a tag whose size is damaged (a high bit set) runs past the end too, but is no cut
-        at = [at for at, _ in media._flv_tags(str(tmp_path / "whole.flv"))][10]
+        at = [at for at, _ in containers.flv_tags(str(tmp_path / "whole.flv"))][10]
         damaged = bytearray(data)
         damaged[at + 1] |= 0x40
         (tmp_path / "damaged.flv").write_bytes(bytes(damaged))
-        assert media.ends_inside(str(tmp_path / "damaged.flv")) is None
+        assert containers.ends_inside(str(tmp_path / "damaged.flv")) is None
     if ext in ("ts", "y4m"):  # the record's warning, where no other line said it (the others state a duration)
         cfg = _cfg(tmp_path, tmp_path / "out")
         whole, _ = process_source(str(tmp_path / f"whole.{ext}"), "whole", cfg)
@@ -1621,7 +1621,7 @@ def test_an_mpeg_ts_cut_short_marks_the_frame_it_cut(bikes, tmp_path):
     packet continues the video's data; where it starts a frame's, that frame never comes out and the
     one before is whole. A cut on a packet's boundary is told by the video's last packet: full amid
     a frame's data, filled out with stuffing at its end."""
-    from curator.media import ts_cut_short
+    from curator.containers import ts_cut_short
 
     path = tmp_path / "whole.ts"
     _encode(path, [f[::2, ::2] for f in bikes_frames(bikes)[:100]], fps=25)

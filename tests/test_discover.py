@@ -132,9 +132,9 @@ def test_a_macs_metadata_file_is_skipped_in_a_folder_and_named_as_such_in_a_list
     """A Mac copying `clip.mp4` to a shared disk writes `._clip.mp4` beside it (AppleDouble: the
     file's metadata). A folder's scan skips it, as it skips every hidden file; named in a list, its
     error says what it is, where FFmpeg said "Invalid data found when processing input"."""
-    from curator import media
+    from curator import containers, media
 
-    apple_double = media.APPLE_DOUBLE + b"\x00\x02\x00\x00" + b"Mac OS X        " + bytes(4000)
+    apple_double = containers.APPLE_DOUBLE + b"\x00\x02\x00\x00" + b"Mac OS X        " + bytes(4000)
     (tmp_path / "._clip.mp4").write_bytes(apple_double)
     (tmp_path / "clip.mp4").write_bytes(b"")
     assert discover(str(tmp_path)) == [str(tmp_path / "clip.mp4")]

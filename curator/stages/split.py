@@ -25,7 +25,7 @@ import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
-from curator import media
+from curator import containers, media
 from curator.stages import detect, score
 from curator.stages.transnet import GivenBoundaries
 
@@ -608,7 +608,8 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         # header said frames would be (a Matroska file cut in two, an MP4 index pointing past the end).
         warnings.append(f"decoding ended at {record['duration_s']:.2f} s of the {p.stated_s:.2f} s the header "
                         "states: the file may be cut short (an interrupted download or copy)")
-    elif inside := media.ends_inside(path):  # a format that states no duration, or one the cut did not reach
+    elif inside := containers.ends_inside(path, read_as_is=media.stand_in(path) is None):
+        # a format that states no duration, or one the cut did not reach
         warnings.append(f"the file ends inside {inside}: it was cut short (an interrupted download or copy), and "
                         "what came after is lost")
     record.update({"status": "ok", "num_frames": n, "warning": "; ".join(warnings) or None, "shots": splitter.shots,
