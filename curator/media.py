@@ -392,6 +392,7 @@ class Damage:
         self.lost: frozenset[int] = frozenset()  # byte positions of packets whose data is gone (StandIn.lost)
         self.lost_packets = 0  # of those, met and left out
         self.failed_clusters: set[int] = set()  # Matroska clusters met that failed their checksum (failed_clusters)
+        self.ends_in_a_frame = False  # an MPEG-TS file cut short amid a frame of the video (ts_cut_short)
 
     def knowing(self, path: str) -> Damage:
         """This count, told what the stand-in for the source at `path` (if any) knows of it."""
@@ -576,7 +577,7 @@ def _decoded_frames(container, stream, damage: Damage, logs: list,
     # without a word before it refuses the next (2 of 12 damaged HEVC files, in one thread).
     ctx = stream.codec_context
     in_order = ctx.name == "h264" and (ctx.thread_count == 1 or not ctx.thread_type & av.codec.context.ThreadType.FRAME)
-    ends_cut = container.format.name == "mpegts" and ts_cut_short(container.name, stream.id)
+    damage.ends_in_a_frame = ends_cut = container.format.name == "mpegts" and ts_cut_short(container.name, stream.id)
     # AV1's decoders show a frame again for a packet of a few bytes (show_existing_frame), typed as
     # that frame was. After refused packets the frame shown again can be a key frame from before the
     # damage: its picture frozen over the frames the decoder refused, each typed a key frame, which

@@ -1069,7 +1069,9 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
     for 28 of 84 files cut short in a sweep of damaged files). Each frames its data in units that state their
     own length (a transport packet of 188 bytes, a PES packet, a DV frame, a Y4M picture of its header's
     size, a tag, a box, the segment, the ASF file's size), and the last one now tells that the file ends
-    inside it."""
+    inside it. An MPEG-TS cut between two of its packets, amid a frame's data (its video's last packet
+    is full, where a frame's last is stuffed out), says so too: its last frame was marked damaged, but
+    nothing said the file was cut."""
     from curator import containers
 
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
@@ -1096,6 +1098,20 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         assert whole["warning"] is None and record["status"] == "ok" and record["num_frames"] < 100
         assert record["warning"].endswith("it was cut short (an interrupted download or copy), and what came after "
                                           "is lost") and f"the file ends inside {inside}" in record["warning"]
+    if ext == "ts":  # cut between two transport packets, amid a frame's data: its last packet is no frame's end
+        import av
+
+        with av.open(str(tmp_path / "whole.ts")) as c:
+            pid = c.streams.video[0].id
+        between = tmp_path / "between.ts"
+        for n in range(len(data) * 7 // 10 // 188 * 188, 0, -188):  # whole packets, one fewer each time
+            between.write_bytes(data[:n])
+            if containers.ts_cut_short(str(between), pid):
+                break
+        assert containers.ends_inside(str(between)) is None  # no packet cut in two
+        record, _ = process_source(str(between), "between", cfg)
+        assert record["status"] == "ok" and "the file ends inside a frame of the video: it was cut short" in \
+            record["warning"]
 
 
 @pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])

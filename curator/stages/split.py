@@ -608,8 +608,10 @@ def _split(path: str, p: media.Probe, cfg, detector, splitter: _Splitter, record
         # header said frames would be (a Matroska file cut in two, an MP4 index pointing past the end).
         warnings.append(f"decoding ended at {record['duration_s']:.2f} s of the {p.stated_s:.2f} s the header "
                         "states: the file may be cut short (an interrupted download or copy)")
-    elif inside := containers.ends_inside(path, read_as_is=media.stand_in(path) is None):
-        # a format that states no duration, or one the cut did not reach
+    elif inside := (containers.ends_inside(path, read_as_is=media.stand_in(path) is None)
+                    or ("a frame of the video" if damage.ends_in_a_frame else None)):
+        # a format that states no duration, or one the cut did not reach; an MPEG-TS cut between two of
+        # its packets, amid a frame's data
         warnings.append(f"the file ends inside {inside}: it was cut short (an interrupted download or copy), and "
                         "what came after is lost")
     record.update({"status": "ok", "num_frames": n, "warning": "; ".join(warnings) or None, "shots": splitter.shots,
