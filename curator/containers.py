@@ -68,7 +68,8 @@ def ends_inside(path: str, read_as_is: bool = True) -> str | None:
     their own length and the last is cut off: the file was cut short (a download or copy stopped
     part-way). A Matroska segment or an ASF (WMV) file of stated size, an Ogg page, an MP4's last box
     (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, an MPEG program stream's
-    packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet. Such files state no duration to
+    packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet, or where an MPEG-TS ends between two
+    of its packets, a PES packet of stated length (the sound's). Such files state no duration to
     compare the frames decoded with, or one the cut did not reach far enough below (the sound's, or
     where the frames' times run slower), and their demuxers end without a word. None where the file
     ends at a unit's end, or is none of these. `read_as_is`: False where a stand-in is read in the
@@ -124,8 +125,12 @@ def ends_inside(path: str, read_as_is: bool = True) -> str | None:
         grid = (size - n) % packet  # the tail's offset from the grid
         sync = next((i for i in range(n - 1, 2 * packet - 1, -1) if (grid + i - at) % packet == 0
                      and tail[i] == tail[i - packet] == tail[i - 2 * packet] == 0x47), None)
-        if sync is not None:
-            return "an MPEG-TS packet" if sync - at + packet != n else None
+        if sync is None:
+            continue
+        if sync - at + packet != n:
+            return "an MPEG-TS packet"
+        return "a PES packet of stated length (a stream's, as the sound's)" \
+            if _ts_pes_ends_inside(tail, (at - grid) % packet, packet) else None
     return None
 
 
@@ -177,6 +182,28 @@ def ts_cut_short(path: str, pid: int) -> bool:
             grid -= size
         return False  # no packet of the video in the last TS_TAIL bytes
     return False
+
+
+def _ts_pes_ends_inside(tail: bytes, first: int, packet: int) -> bool:
+    """Whether the last PES packet of some stream of an MPEG-TS, whose last bytes are `tail` (whole
+    transport packets of `packet` bytes from its byte `first` on, each from its sync byte), runs past
+    the end: one that states its length (the sound's do; the video's mostly state none) and whose
+    transport packets to the end carry less than that. Only PES packets that start in `tail` count."""
+    wanted: dict[int, int] = {}  # a stream's last PES packet: its bytes still to come
+    for i in range(first, len(tail) - 187, packet):
+        ts = tail[i:i + 188]
+        if ts[0] != 0x47:
+            return False  # no sync byte where one should be: damage, not known
+        if not ts[3] & 0x10:
+            continue  # no payload
+        pid = (ts[1] & 0x1F) << 8 | ts[2]
+        payload = ts[5 + ts[4]:] if ts[3] & 0x20 else ts[4:]  # after an adaptation field, if any
+        if ts[1] & 0x40:  # payload_unit_start_indicator: a PES packet starts here
+            length = int.from_bytes(payload[4:6], "big") if payload[:3] == b"\x00\x00\x01" else 0
+            wanted[pid] = 6 + length if length else 0
+        if wanted.get(pid):
+            wanted[pid] -= len(payload)
+    return any(left > 0 for left in wanted.values())
 
 
 def _stuffed(packet: bytes) -> bool:

@@ -1071,7 +1071,8 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
     size, a tag, a box, the segment, the ASF file's size), and the last one now tells that the file ends
     inside it. An MPEG-TS cut between two of its packets, amid a frame's data (its video's last packet
     is full, where a frame's last is stuffed out), says so too: its last frame was marked damaged, but
-    nothing said the file was cut."""
+    nothing said the file was cut; so does one cut amid a PES packet of its sound's, whose length is
+    stated."""
     from curator import containers
 
     frames = [f[::2, ::2] for f in bikes_frames(bikes)[:100]]
@@ -1112,6 +1113,15 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         record, _ = process_source(str(between), "between", cfg)
         assert record["status"] == "ok" and "the file ends inside a frame of the video: it was cut short" in \
             record["warning"]
+        # With sound: cut between two packets, amid a PES packet of the sound's, which states its length
+        _with_sound(tmp_path / "whole.ts", tmp_path / "sound.ts")
+        sound = (tmp_path / "sound.ts").read_bytes()
+        assert containers.ends_inside(str(tmp_path / "sound.ts")) is None
+        for n in range(len(sound) * 7 // 10 // 188 * 188, len(sound) // 2, -188):
+            between.write_bytes(sound[:n])
+            if containers.ends_inside(str(between)):
+                break
+        assert containers.ends_inside(str(between)) == "a PES packet of stated length (a stream's, as the sound's)"
 
 
 @pytest.mark.parametrize("codec", ["libx264", "libvpx-vp9"])
