@@ -67,7 +67,7 @@ def ends_inside(path: str, read_as_is: bool = True) -> str | None:
     """What the file at `path` ends inside, where its container frames its data in units that state
     their own length and the last is cut off: the file was cut short (a download or copy stopped
     part-way). A Matroska segment or an ASF (WMV) file of stated size, an Ogg page, an MP4's last box
-    (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, an MPEG program stream's
+    (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, a Y4M picture, an MPEG program stream's
     packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet, or where an MPEG-TS ends between two
     of its packets, a PES packet of stated length (the sound's). Such files state no duration to
     compare the frames decoded with, or one the cut did not reach far enough below (the sound's, or
