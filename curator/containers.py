@@ -67,12 +67,12 @@ def ends_inside(path: str, read_as_is: bool = True) -> str | None:
     """What the file at `path` ends inside, where its container frames its data in units that state
     their own length and the last is cut off: the file was cut short (a download or copy stopped
     part-way). A Matroska segment or an ASF (WMV) file of stated size, an Ogg page, an MP4's last box
-    (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, a Y4M picture, an MPEG program stream's
-    packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet, or where an MPEG-TS ends between two
-    of its packets, a PES packet of stated length (the sound's). Such files state no duration to
-    compare the frames decoded with, or one the cut did not reach far enough below (the sound's, or
-    where the frames' times run slower), and their demuxers end without a word. None where the file
-    ends at a unit's end, or is none of these. `read_as_is`: False where a stand-in is read in the
+    (a fragmented MP4's fragment; an MP4 read as it is), a raw DV frame, a Y4M picture, an MPEG
+    program stream's packet, an FLV tag, an MPEG-TS (M2TS, DVB) transport packet, or where an MPEG-TS
+    ends between two of its packets, a PES packet of stated length (the sound's). Such files state
+    no duration to compare the frames decoded with, or one the cut did not reach far enough below
+    (the sound's, or where the frames' times run slower), and their demuxers end without a word. None
+    where the file ends at a unit's end, or is none of these. `read_as_is`: False where a stand-in is read in the
     file's place (media.stand_in: an MP4 mended or realigned, whose last box is not then looked at)."""
     try:
         with open(path, "rb") as f:
@@ -267,10 +267,11 @@ def _ps_ends_inside(tail: bytes) -> bool:
 
 
 Y4M = b"YUV4MPEG2 "
-# A Y4M's colour spaces (its header's C, 420jpeg without one), as FFmpeg reads them: (planes, the
-# chroma planes' width and height divisors); "420p10" and the like take 2 bytes a sample.
-Y4M_SPACES = {"mono": (1, 1, 1), "411": (3, 4, 1), "420": (3, 2, 2), "422": (3, 2, 1), "444": (3, 1, 1),
-              "444alpha": (4, 1, 1)}
+# A Y4M's colour spaces (its header's C, 420jpeg without one), as FFmpeg reads them: (its planes of
+# the picture's size (luma, and alpha), the two chroma planes' width and height divisors or None for
+# none); "420p10" and the like take 2 bytes a sample.
+Y4M_SPACES = {"mono": (1, None), "411": (1, (4, 1)), "420": (1, (2, 2)), "422": (1, (2, 1)), "444": (1, (1, 1)),
+              "444alpha": (2, (1, 1))}
 Y4M_FRAME = b"FRAME"
 
 
@@ -292,10 +293,9 @@ def _y4m_frame_bytes(header: bytes) -> int | None:
         name, _, bits = space.partition("p")
     if name not in Y4M_SPACES or w <= 0 or h <= 0 or (bits and not bits.isdigit()):
         return None
-    planes, dx, dy = Y4M_SPACES[name]
+    full, chroma = Y4M_SPACES[name]
     sample = 2 if bits and int(bits) > 8 else 1
-    chroma = -(-w // dx) * -(-h // dy) if planes > 1 else 0
-    return sample * (w * h * (1 + (planes == 4)) + 2 * chroma)
+    return sample * (full * w * h + (2 * -(-w // chroma[0]) * -(-h // chroma[1]) if chroma else 0))
 
 
 def _y4m_ends_inside(path: str, size: int, head: bytes) -> str | None:

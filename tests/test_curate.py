@@ -1100,15 +1100,18 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         assert record["warning"].endswith("it was cut short (an interrupted download or copy), and what came after "
                                           "is lost") and f"the file ends inside {inside}" in record["warning"]
     if ext == "ts":  # cut between two transport packets, amid a frame's data: its last packet is no frame's end
-        import av
+        between = tmp_path / "between.ts"
+
+        def cut_back_until(data: bytes, found) -> None:
+            """`between` as `data` cut at whole packets, back from 70% of it one fewer each time, until `found`."""
+            for n in range(len(data) * 7 // 10 // 188 * 188, 0, -188):
+                between.write_bytes(data[:n])
+                if found(str(between)):
+                    return
 
         with av.open(str(tmp_path / "whole.ts")) as c:
             pid = c.streams.video[0].id
-        between = tmp_path / "between.ts"
-        for n in range(len(data) * 7 // 10 // 188 * 188, 0, -188):  # whole packets, one fewer each time
-            between.write_bytes(data[:n])
-            if containers.ts_cut_short(str(between), pid):
-                break
+        cut_back_until(data, lambda path: containers.ts_cut_short(path, pid))
         assert containers.ends_inside(str(between)) is None  # no packet cut in two
         record, _ = process_source(str(between), "between", cfg)
         assert record["status"] == "ok" and "the file ends inside a frame of the video: it was cut short" in \
@@ -1117,10 +1120,7 @@ def test_a_file_cut_short_inside_its_container_s_framing_says_so(bikes, tmp_path
         _with_sound(tmp_path / "whole.ts", tmp_path / "sound.ts")
         sound = (tmp_path / "sound.ts").read_bytes()
         assert containers.ends_inside(str(tmp_path / "sound.ts")) is None
-        for n in range(len(sound) * 7 // 10 // 188 * 188, len(sound) // 2, -188):
-            between.write_bytes(sound[:n])
-            if containers.ends_inside(str(between)):
-                break
+        cut_back_until(sound, containers.ends_inside)
         assert containers.ends_inside(str(between)) == "a PES packet of stated length (a stream's, as the sound's)"
 
 
